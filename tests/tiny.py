@@ -1,0 +1,63 @@
+"""Tiny random-weight models for fast engine tests (real tokenizer, real engine code)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from verispec.config import EngineConfig, ModelConfig, SpeculativeConfig
+from verispec.engine.engine import LLMEngine
+from verispec.engine.setup import assemble_parts
+from verispec.models.qwen2 import CausalLM, build_model
+
+
+@functools.cache
+def real_tokenizer():
+    from verispec.loader.registry import resolve_model
+    from verispec.loader.tokenizer import Tokenizer
+
+    return Tokenizer.from_gguf(resolve_model("qwen2.5-coder-0.5b-instruct", progress=False))
+
+
+def tiny_config(arch: str = "qwen2", vocab: int = 151936, layers: int = 2) -> ModelConfig:
+    return ModelConfig.for_arch(
+        arch, vocab_size=vocab, hidden_size=64, intermediate_size=128, num_layers=layers, num_heads=4,
+        num_kv_heads=2, head_dim=16, max_position_embeddings=4096, tie_word_embeddings=False,
+    )
+
+
+def tiny_model(cfg: ModelConfig | None = None, seed: int = 0) -> CausalLM:
+    cfg = cfg or tiny_config()
+    g = torch.Generator().manual_seed(seed)
+    with torch.device("meta"):
+        shapes = {n: p.shape for n, p in CausalLM(cfg).named_parameters()}
+    sd = {}
+    for n, shape in shapes.items():
+        if n.endswith("norm.weight"):
+            sd[n] = 1.0 + 0.1 * torch.randn(shape, generator=g)
+        else:
+            sd[n] = torch.randn(shape, generator=g) * (0.5 if "embed" in n else 0.08)
+    return build_model(cfg, sd, torch.device("cpu"), torch.float32)
+
+
+def tiny_engine(model: CausalLM | None = None, spec: dict | None = None, **kw) -> LLMEngine:
+    """An engine around a tiny model. kw override EngineConfig fields."""
+    model = model or tiny_model()
+    defaults = dict(model="tiny", device="cpu", dtype="float32", max_num_batched_tokens=256, num_gpu_blocks=256)
+    cfg = EngineConfig(**{**defaults, **kw}, speculative_config=SpeculativeConfig.from_dict(spec))
+    parts = assemble_parts(cfg, real_tokenizer(), model, torch.device("cpu"), torch.float32)
+    return LLMEngine(cfg, parts)
+
+
+def run_all(engine: LLMEngine, prompts: list[list[int]], params) -> list:
+    """Add token-id prompts, step to completion, return finished outputs in order."""
+    params = params if isinstance(params, list) else [params] * len(prompts)
+    for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
+        engine.add_request(f"r{i}", None, sp, p)
+    done = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+    return [done[f"r{i}"] for i in range(len(prompts))]

@@ -1,0 +1,231 @@
+"""LLMEngine: requests in, RequestOutputs out; one step() at a time.
+
+Flow of a step (synchronous loop):
+  scheduler.schedule() -> runner.execute() -> scheduler.commit() -> detokenize / stop strings
+  -> proposer.observe() + propose() -> drafts for the next step.
+Offline (LLM.generate) and online (the HTTP server) both drive this same object.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from verispec.config import EngineConfig
+from verispec.engine.detokenizer import IncrementalDetokenizer
+from verispec.engine.request import Request
+from verispec.engine.scheduler import Scheduler, SpecCounters
+from verispec.engine.setup import EngineParts, build_engine_parts
+from verispec.outputs import CompletionOutput, RequestOutput
+from verispec.sampling_params import SamplingParams
+
+
+@dataclass
+class _Group:
+    """A user request: its n sequences share a prompt."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    seqs: list[Request]
+    detoks: list[IncrementalDetokenizer]
+    arrival_time: float
+    first_token_time: float | None = None
+
+
+class LLMEngine:
+    """The engine core shared by the offline LLM class and the server."""
+
+    def __init__(self, config: EngineConfig, parts: EngineParts | None = None) -> None:
+        self.config = config
+        p = parts or build_engine_parts(config)
+        self.parts = p
+        self.tokenizer = p.tokenizer
+        self.model_config = p.model_config
+        self.max_model_len = p.max_model_len
+        self.blocks = p.blocks
+        self.runner = p.runner
+        self.proposer = p.proposer
+        self.scheduler = Scheduler(p.blocks, config.max_num_seqs, config.max_num_batched_tokens, p.max_model_len)
+        self.spec = SpecCounters()
+        self.groups: dict[str, _Group] = {}
+        self.seq_to_group: dict[str, _Group] = {}
+        self.num_prompt_tokens = 0
+        self.num_generation_tokens = 0
+        self.num_requests_finished = 0
+        self.num_steps = 0
+        # Draft distributions q for the next step's sampled drafts (empty for point-mass drafts).
+        self.pending_draft_probs: dict = {}
+
+    # ---- requests --------------------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | None = None,
+        params: SamplingParams | None = None,
+        prompt_token_ids: list[int] | None = None,
+    ) -> None:
+        """Queue a request. Raises ValueError for an empty or too long prompt, bad token ids or
+        a duplicate id; nothing is queued then."""
+        params = params or SamplingParams()
+        if request_id in self.groups:
+            raise ValueError(f"request id {request_id!r} is already running")
+        if prompt_token_ids is None:
+            if not isinstance(prompt, str):
+                raise ValueError("prompt must be a string (or pass prompt_token_ids)")
+            prompt_token_ids = self.tokenizer.encode(prompt)
+        ids = list(prompt_token_ids)
+        if not ids:
+            raise ValueError("prompt is empty: at least one token is needed")
+        vocab = self.model_config.vocab_size
+        if not all(isinstance(t, int) and 0 <= t < vocab for t in ids):
+            raise ValueError(f"prompt_token_ids must be integers in [0, {vocab})")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt is {len(ids)} tokens, but the context (max_model_len) is {self.max_model_len}: "
+                f"at most {self.max_model_len - 1} prompt tokens leave room to generate"
+            )
+        eos = frozenset(self.tokenizer.eos_token_ids)
+        seqs = []
+        for i in range(params.n):
+            sp = params
+            if params.n > 1 and params.seed is not None:
+                sp = SamplingParams(**{**params.__dict__, "seed": params.seed + i, "n": 1})
+            sid = request_id if params.n == 1 else f"{request_id}#{i}"
+            seqs.append(Request(sid, list(ids), sp, eos, parent_id=request_id, index=i))
+        detoks = [
+            IncrementalDetokenizer(
+                self.tokenizer, ids, skip_special_tokens=params.skip_special_tokens, stop=params.stop,
+                include_stop_str_in_output=params.include_stop_str_in_output,
+            )
+            for _ in seqs
+        ]
+        g = _Group(request_id, prompt, ids, seqs, detoks, time.monotonic())
+        self.groups[request_id] = g
+        for s in seqs:
+            self.seq_to_group[s.request_id] = g
+            self.scheduler.add(s)
+        self.num_prompt_tokens += len(ids)
+
+    def abort_request(self, request_id: str) -> None:
+        """Stop a request now and free its blocks (no-op if unknown or already finished)."""
+        g = self.groups.pop(request_id, None)
+        if g is None:
+            return
+        for s in g.seqs:
+            if not s.is_finished:
+                self._finish(s, "abort")
+            self.seq_to_group.pop(s.request_id, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- the step --------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one step; return the current state of every request that changed."""
+        sched = self.scheduler.schedule()
+        for r in sched.preempted:
+            if self.proposer is not None:
+                self.proposer.free_request(r.request_id)
+        if not sched.scheduled:
+            return []
+        result = self.runner.execute(sched, self.pending_draft_probs)
+        self.num_steps += 1
+        touched: dict[str, _Group] = {}
+        for s in sched.scheduled:
+            req = s.request
+            sampled = result.sampled.get(req.request_id)
+            n_before = len(req.output_token_ids)
+            num_accepted = self.scheduler.commit(s, sampled)
+            if sampled is not None:
+                self._count_acceptance(req, s.num_draft_tokens, num_accepted)
+                if req.request_id in result.logprobs:
+                    req.logprobs.extend(result.logprobs[req.request_id][: len(req.output_token_ids) - n_before])
+            g = self.seq_to_group[req.request_id]
+            new = req.output_token_ids[n_before:]
+            self.num_generation_tokens += len(new)
+            if new:
+                g.first_token_time = g.first_token_time or time.monotonic()
+                detok = g.detoks[req.index]
+                detok.add_tokens(new)
+                if detok.stop_hit is not None and req.finish_reason is None:
+                    req.finish_reason, req.stop_reason = "stop", detok.stop_hit
+            if req.finish_reason is not None and not req.is_finished:
+                self._finish(req, req.finish_reason)
+            touched[g.request_id] = g
+        if self.proposer is not None:
+            self.proposer.observe(sched, result)
+            self._propose()
+        return [self._output(g) for g in touched.values()]
+
+    def _propose(self) -> None:
+        ready = [r for r in self.scheduler.running if r.num_computed_tokens == r.num_tokens - 1]
+        proposal = self.proposer.propose(ready)
+        for r in ready:
+            r.spec_token_ids = proposal.token_ids.get(r.request_id, [])
+        self.pending_draft_probs = proposal.probs
+
+    def _count_acceptance(self, req: Request, num_drafts: int, num_accepted: int) -> None:
+        if num_drafts == 0:
+            return
+        self.spec.record(num_drafts, num_accepted)
+        req.num_draft_tokens += num_drafts
+        req.num_accepted_tokens += num_accepted
+        if len(req.accepted_per_pos) < num_drafts:
+            req.accepted_per_pos.extend([0] * (num_drafts - len(req.accepted_per_pos)))
+        for i in range(num_accepted):
+            req.accepted_per_pos[i] += 1
+
+    def _finish(self, req: Request, reason: str) -> None:
+        self.scheduler.finish(req, reason)
+        self.runner.free_request(req.request_id)
+        if self.proposer is not None:
+            self.proposer.free_request(req.request_id)
+        g = self.seq_to_group.get(req.request_id)
+        if g is not None:
+            g.detoks[req.index].flush()
+            if all(s.is_finished for s in g.seqs) and reason != "abort":
+                self.num_requests_finished += 1
+
+    def _output(self, g: _Group) -> RequestOutput:
+        outs = []
+        for s, d in zip(g.seqs, g.detoks, strict=True):
+            outs.append(
+                CompletionOutput(
+                    index=s.index, text=d.text, token_ids=list(s.output_token_ids),
+                    finish_reason=s.finish_reason if s.is_finished else None, stop_reason=s.stop_reason,
+                    logprobs=list(s.logprobs) if s.params.logprobs is not None else None,
+                    cumulative_logprob=None,
+                    spec_num_draft_tokens=s.num_draft_tokens, spec_num_accepted_tokens=s.num_accepted_tokens,
+                    spec_accepted_per_pos=list(s.accepted_per_pos),
+                )
+            )
+        finished = all(s.is_finished for s in g.seqs)
+        if finished:
+            self.groups.pop(g.request_id, None)
+            for s in g.seqs:
+                self.seq_to_group.pop(s.request_id, None)
+        return RequestOutput(g.request_id, g.prompt, g.prompt_token_ids, outs, finished, g.seqs[0].num_cached_tokens)
+
+    # ---- metrics ---------------------------------------------------------------------------
+    def get_metrics(self) -> dict:
+        """Counters summed since the engine started (CONTRACT.md names, plus a few more)."""
+        sp = self.spec
+        return {
+            "spec_decode_num_drafts": sp.num_drafts,
+            "spec_decode_num_draft_tokens": sp.num_draft_tokens,
+            "spec_decode_num_accepted_tokens": sp.num_accepted_tokens,
+            "spec_decode_num_accepted_tokens_per_pos": list(sp.accepted_per_pos),
+            "spec_decode_mean_acceptance_length": (1 + sp.num_accepted_tokens / sp.num_drafts) if sp.num_drafts else 0.0,
+            "num_preemptions": self.scheduler.num_preemptions,
+            "prompt_tokens": self.num_prompt_tokens,
+            "generation_tokens": self.num_generation_tokens,
+            "num_requests_finished": self.num_requests_finished,
+            "num_requests_running": len(self.scheduler.running),
+            "num_requests_waiting": len(self.scheduler.waiting),
+            "num_free_blocks": self.blocks.num_free_blocks,
+            "num_total_blocks": self.blocks.num_blocks,
+            "prefix_cache_queries": self.blocks.num_query_tokens,
+            "prefix_cache_hits": self.blocks.num_hit_tokens,
+            "num_steps": self.num_steps,
+        }

@@ -1,0 +1,76 @@
+"""A request's books: tokens, progress, blocks and status. No tensors live here."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+
+from verispec.sampling_params import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+
+
+_arrival = itertools.count()
+
+
+@dataclass
+class Request:
+    """One sequence being generated (a request with n > 1 becomes n of these)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    eos_token_ids: frozenset[int] = frozenset()
+    # Committed output tokens: sampled and (for speculative steps) accepted.
+    output_token_ids: list[int] = field(default_factory=list)
+    # Tokens whose K/V are in the cache. Moves back on preemption and after rejected drafts.
+    num_computed_tokens: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    # Host copy of the drafts to verify in the next step. In the synchronous loop it is exact; the
+    # overlapped loop keeps the authoritative drafts on the device (see worker/token_state.py).
+    spec_token_ids: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+    arrival: int = field(default_factory=lambda: next(_arrival))
+    # Per-request acceptance counters.
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, float]] = field(default_factory=list)
+    cumulative_logprob: float = 0.0
+    parent_id: str | None = None
+    index: int = 0
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus committed output tokens."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == Status.FINISHED
+
+    @property
+    def max_tokens(self) -> int:
+        return self.params.max_tokens if self.params.max_tokens is not None else 1 << 30
+
+    def token_at(self, i: int) -> int:
+        p = len(self.prompt_token_ids)
+        return self.prompt_token_ids[i] if i < p else self.output_token_ids[i - p]

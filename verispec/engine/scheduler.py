@@ -1,0 +1,205 @@
+"""Continuous batching with chunked prefill, prefix caching and preemption by recompute.
+
+The scheduler keeps books only (which request runs, how many tokens, which blocks); it never
+touches a tensor. Each step every running request asks for its remaining tokens plus its drafts;
+waiting requests are admitted with what is left of the token budget. When blocks run out, the
+most recently arrived running request is preempted: its blocks are freed and it is recomputed
+later (its published prefix blocks usually survive in the prefix cache).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from verispec.engine.kv_blocks import BlockManager
+from verispec.engine.request import Request, Status
+
+
+@dataclass
+class ScheduledRequest:
+    """One request's share of a step: tokens [start, start + num_new_tokens), drafts last."""
+
+    request: Request
+    start: int
+    num_new_tokens: int
+    num_draft_tokens: int
+
+    @property
+    def needs_sample(self) -> bool:
+        """True when the chunk reaches the last known token, so the step samples for it."""
+        return self.start + self.num_new_tokens - self.num_draft_tokens >= self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+@dataclass
+class SpecCounters:
+    """Acceptance counters, summed since start (CONTRACT.md names)."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+
+    def record(self, num_drafts: int, num_accepted: int) -> None:
+        if num_drafts == 0:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += num_drafts
+        self.num_accepted_tokens += num_accepted
+        if len(self.accepted_per_pos) < num_drafts:
+            self.accepted_per_pos.extend([0] * (num_drafts - len(self.accepted_per_pos)))
+        for i in range(num_accepted):
+            self.accepted_per_pos[i] += 1
+
+
+class Scheduler:
+    """Decides each step's batch and commits its results into the requests' books."""
+
+    def __init__(
+        self,
+        blocks: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+    ) -> None:
+        self.blocks = blocks
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    # ---- admission -------------------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- scheduling ------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            k = len(req.spec_token_ids)
+            num_new = req.num_tokens - req.num_computed_tokens
+            k = max(0, min(k, budget - num_new, self.max_model_len - req.num_tokens))
+            num_new = min(num_new + k, budget)
+            if not self._allocate_or_preempt(req, req.num_computed_tokens + num_new, out):
+                continue  # req itself was preempted; the list shrank
+            out.scheduled.append(ScheduledRequest(req, req.num_computed_tokens, num_new, k))
+            budget -= num_new
+            i += 1
+
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            req = self.waiting[0]
+            if not req.block_ids:
+                hit = self.blocks.lookup_prefix(req.all_token_ids)
+                self.blocks.take_cached(hit)
+                req.block_ids = list(hit)
+                req.num_computed_tokens = len(hit) * self.blocks.block_size
+                req.num_cached_tokens = req.num_computed_tokens
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if not self.blocks.allocate(req.block_ids, req.num_computed_tokens + num_new):
+                if not self.running:
+                    # Nothing else holds blocks: admit a smaller chunk rather than stall forever.
+                    room = len(self.blocks.free) * self.blocks.block_size
+                    room += len(req.block_ids) * self.blocks.block_size - req.num_computed_tokens
+                    num_new = min(num_new, room)
+                    if num_new <= 0 or not self.blocks.allocate(req.block_ids, req.num_computed_tokens + num_new):
+                        break
+                else:
+                    self._release(req)
+                    break
+            self.waiting.popleft()
+            req.status = Status.RUNNING
+            req.spec_token_ids = []
+            self.running.append(req)
+            out.scheduled.append(ScheduledRequest(req, req.num_computed_tokens, num_new, 0))
+            budget -= num_new
+        for s in out.scheduled:
+            self.blocks.publish_early(s.request.block_ids, s.request.all_token_ids, s.start + s.num_new_tokens)
+        return out
+
+    def _allocate_or_preempt(self, req: Request, num_tokens: int, out: SchedulerOutput) -> bool:
+        while not self.blocks.allocate(req.block_ids, num_tokens):
+            victim = self.running[-1]
+            self._preempt(victim, out)
+            if victim is req:
+                return False
+        return True
+
+    def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+        self.running.remove(req)
+        self._release(req)
+        req.status = Status.PREEMPTED
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+        out.preempted.append(req)
+        # A victim scheduled earlier in this step loses its slot in the batch.
+        out.scheduled = [s for s in out.scheduled if s.request is not req]
+
+    def _release(self, req: Request) -> None:
+        self.blocks.free_blocks(req.block_ids)
+        req.num_computed_tokens = 0
+        req.spec_token_ids = []
+
+    # ---- commit ----------------------------------------------------------------------------
+    def commit(self, s: ScheduledRequest, sampled: list[int] | None) -> int:
+        """Apply a step's result to one request: advance num_computed_tokens (minus rejected
+        drafts), append accepted tokens, publish written blocks. Returns drafts accepted."""
+        req = s.request
+        if sampled is None:
+            req.num_computed_tokens = s.start + s.num_new_tokens
+        else:
+            num_accepted = len(sampled) - 1
+            assert 0 <= num_accepted <= s.num_draft_tokens
+            req.num_computed_tokens = s.start + s.num_new_tokens - (s.num_draft_tokens - num_accepted)
+        req.spec_token_ids = []
+        if sampled is not None:
+            for tok in sampled:
+                req.output_token_ids.append(tok)
+                if self._check_stop(req, tok):
+                    break
+        self.blocks.publish(req.block_ids, req.all_token_ids, req.num_computed_tokens)
+        return 0 if sampled is None else len(sampled) - 1
+
+    def _check_stop(self, req: Request, tok: int) -> bool:
+        p = req.params
+        n = len(req.output_token_ids)
+        if n >= p.min_tokens:
+            if not p.ignore_eos and tok in req.eos_token_ids:
+                req.finish_reason, req.stop_reason = "stop", None
+                return True
+            if tok in p.stop_token_ids:
+                req.finish_reason, req.stop_reason = "stop", tok
+                return True
+        if n >= req.max_tokens or req.num_tokens >= self.max_model_len:
+            req.finish_reason = "length"
+            return True
+        return False
+
+    def finish(self, req: Request, reason: str | None = None) -> None:
+        """Remove a request (finished or aborted) and free its blocks."""
+        if reason is not None:
+            req.finish_reason = reason
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self._release(req)
+        req.status = Status.FINISHED

@@ -1,0 +1,111 @@
+"""Build an engine's parts from its config: weights, tokenizer, model, KV blocks, runner, proposer."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from verispec.config import EngineConfig, ModelConfig
+from verispec.engine.kv_blocks import BlockManager
+from verispec.loader.registry import resolve_model
+from verispec.loader.tokenizer import Tokenizer
+from verispec.models.qwen2 import CausalLM, build_model
+from verispec.spec.proposer import Proposer
+from verispec.worker.runner import ModelRunner
+
+log = logging.getLogger("verispec")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class EngineParts:
+    tokenizer: Tokenizer
+    model_config: ModelConfig
+    model: CausalLM
+    max_model_len: int
+    blocks: BlockManager
+    runner: ModelRunner
+    proposer: Proposer | None
+    load_seconds: float
+
+
+def resolve_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
+    """'auto' device: cuda if available; 'auto' dtype: float32 on cpu, bfloat16 on cuda."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'auto', got {device!r}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for, but torch sees no CUDA GPU")
+    if dtype == "auto":
+        dtype = "float32" if device == "cpu" else "bfloat16"
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)} or 'auto', got {dtype!r}")
+    return torch.device(device), DTYPES[dtype]
+
+
+def load_model(name_or_path: str, device: torch.device, dtype: torch.dtype, progress: bool = True):
+    """(tokenizer, config, model) for a registry name, a .gguf file or a HF folder."""
+    from verispec.loader.weights import load_weights
+
+    path = resolve_model(name_or_path, progress=progress)
+    cfg, weights = load_weights(path, device=device, dtype=dtype, progress=progress)
+    cfg.name = name_or_path
+    tok = Tokenizer.from_gguf(path) if Path(path).is_file() else Tokenizer.from_hf_folder(path)
+    model = build_model(cfg, weights, device, dtype)
+    return tok, cfg, model
+
+
+def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * torch.tensor([], dtype=dtype).element_size()
+
+
+def size_kv_blocks(config: EngineConfig, per_block: int, device: torch.device, max_model_len: int) -> int:
+    """Blocks for the KV cache: the configured count, else what memory allows (GPU: a fraction of
+    free memory; CPU: enough for max_num_seqs full contexts, capped at 4 GiB)."""
+    if config.num_gpu_blocks is not None:
+        return config.num_gpu_blocks
+    want = -(-max_model_len // config.block_size) * min(config.max_num_seqs, 64)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return max(16, min(int(free * config.gpu_memory_utilization) // per_block, want * 4))
+    return max(16, min(want, (4 << 30) // per_block))
+
+
+def build_engine_parts(config: EngineConfig) -> EngineParts:
+    """Load the model named in config and assemble everything around it."""
+    t0 = time.monotonic()
+    device, dtype = resolve_device_dtype(config.device, config.dtype)
+    tok, cfg, model = load_model(config.model, device, dtype)
+    return assemble_parts(config, tok, model, device, dtype, t0)
+
+
+def assemble_parts(config: EngineConfig, tok, model: CausalLM, device, dtype, t0: float | None = None) -> EngineParts:
+    """KV blocks, runner and proposer around an already built model (tests pass tiny models)."""
+    t0 = time.monotonic() if t0 is None else t0
+    cfg = model.config
+    if config.max_model_len is not None and config.max_model_len > cfg.max_position_embeddings:
+        raise ValueError(
+            f"max_model_len {config.max_model_len} exceeds the model's context {cfg.max_position_embeddings}"
+        )
+    max_model_len = config.max_model_len or cfg.max_position_embeddings
+    from verispec.spec.factory import build_proposer  # local: spec pulls in draft models
+
+    proposer, draft_per_block = build_proposer(config, model, tok, device, dtype, max_model_len)
+    per_block = kv_bytes_per_block(cfg, config.block_size, dtype) + draft_per_block
+    num_blocks = size_kv_blocks(config, per_block, device, max_model_len)
+    # A single request must always fit alone, or it could never finish.
+    max_model_len = min(max_model_len, num_blocks * config.block_size)
+    blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+    capture = proposer.capture_layers if proposer is not None else ()
+    runner = ModelRunner(model, num_blocks, config.block_size, device, dtype, config.seed, capture)
+    if proposer is not None:
+        proposer.bind(num_blocks, config.block_size, max_model_len)
+    secs = time.monotonic() - t0
+    log.info("engine ready in %.1fs: %d KV blocks of %d tokens", secs, num_blocks, config.block_size)
+    return EngineParts(tok, cfg, model, max_model_len, blocks, runner, proposer, secs)

@@ -1,0 +1,156 @@
+"""The `verispec` command: pull, models, generate, serve, bench, train-drafter."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def _spec_json(text: str | None) -> dict | None:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"verispec: --speculative-config is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise SystemExit("verispec: --speculative-config must be a JSON object")
+    return value
+
+
+def cmd_pull(args) -> int:
+    from verispec.loader.registry import pull
+
+    path = pull(args.name, progress=True, force=args.force)
+    print(path)
+    return 0
+
+
+def cmd_models(args) -> int:
+    from verispec.loader.registry import list_models
+
+    rows = list_models()
+    print(f"{'name':32} {'size':>10}  {'local':6} description")
+    for m in rows:
+        size = f"{m['size'] / 2**20:.0f} MiB" if m.get("size") else "?"
+        local = "yes" if m.get("path") else "no"
+        star = " (default)" if m.get("default") else ""
+        print(f"{m['name']:32} {size:>10}  {local:6} {m['description']}{star}")
+    return 0
+
+
+def cmd_generate(args) -> int:
+    from verispec import LLM, SamplingParams
+    from verispec.engine.stream import stream_one
+
+    prompt = args.prompt if args.prompt is not None else (sys.stdin.read() if not sys.stdin.isatty() else "def fibonacci(n):")
+    llm = LLM(
+        model=args.model, device=args.device, dtype=args.dtype,
+        speculative_config=_spec_json(args.speculative_config), seed=args.seed,
+        max_model_len=args.max_model_len,
+    )
+    params = SamplingParams(
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_tokens=args.max_tokens, seed=args.seed,
+    )
+    if args.chat:
+        prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+    stats = stream_one(llm.engine, prompt, params, sys.stdout)
+    m = llm.get_metrics()
+    print(file=sys.stderr)
+    print(
+        f"[verispec] prompt {stats['prompt_tokens']} tok in {stats['ttft']:.2f}s "
+        f"({stats['prompt_tokens'] / max(stats['ttft'], 1e-9):.1f} tok/s); "
+        f"decode {stats['decode_tokens']} tok in {stats['decode_time']:.2f}s "
+        f"({stats['decode_tokens'] / max(stats['decode_time'], 1e-9):.1f} tok/s); finish: {stats['finish_reason']}",
+        file=sys.stderr,
+    )
+    if m["spec_decode_num_drafts"]:
+        rate = m["spec_decode_num_accepted_tokens"] / max(m["spec_decode_num_draft_tokens"], 1)
+        per = m["spec_decode_num_accepted_tokens_per_pos"]
+        print(
+            f"[verispec] speculative: {m['spec_decode_num_drafts']} drafts, acceptance {rate:.1%}, "
+            f"mean acceptance length {m['spec_decode_mean_acceptance_length']:.2f}, "
+            f"accepted per position {per}",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from verispec.entrypoints.server import main as serve_main
+
+    return serve_main(args)
+
+
+def cmd_bench(args) -> int:
+    from verispec.bench.main import main as bench_main
+
+    return bench_main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from verispec.loader.registry import DEFAULT_MODEL
+
+    p = argparse.ArgumentParser(prog="verispec", description="fast, verifiable speculative decoding")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("pull", help="fetch and verify a registry model")
+    s.add_argument("name")
+    s.add_argument("--force", action="store_true")
+    s.set_defaults(func=cmd_pull)
+
+    s = sub.add_parser("models", help="list registry models and what is local")
+    s.set_defaults(func=cmd_models)
+
+    s = sub.add_parser("generate", help="generate text for one prompt, streamed")
+    s.add_argument("prompt", nargs="?")
+    s.add_argument("--model", default=DEFAULT_MODEL)
+    s.add_argument("--device", default="auto")
+    s.add_argument("--dtype", default="auto")
+    s.add_argument("--speculative-config", default=None)
+    s.add_argument("--max-tokens", type=int, default=128)
+    s.add_argument("--max-model-len", type=int, default=None)
+    s.add_argument("--temperature", type=float, default=0.0)
+    s.add_argument("--top-p", type=float, default=1.0)
+    s.add_argument("--top-k", type=int, default=-1)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    s.set_defaults(func=cmd_generate)
+
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    s.add_argument("model", nargs="?", default=DEFAULT_MODEL)
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--speculative-config", default=None)
+    s.add_argument("--api-key", default=None)
+    s.add_argument("--device", default="auto")
+    s.add_argument("--dtype", default="auto")
+    s.add_argument("--max-model-len", type=int, default=None)
+    s.add_argument("--max-num-seqs", type=int, default=256)
+    s.add_argument("--max-queue", type=int, default=1024, help="waiting requests before 503")
+    s.add_argument("--served-model-name", default=None)
+    s.set_defaults(func=cmd_serve)
+
+    from verispec.bench.main import add_bench_parser
+
+    add_bench_parser(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    t0 = time.monotonic()
+    try:
+        return args.func(args) or 0
+    except (ValueError, FileNotFoundError) as e:
+        print(f"verispec: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\nverispec: interrupted after {time.monotonic() - t0:.1f}s", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""Paged attention: per-step metadata and the plain-torch reference backend.
+
+The KV cache of one layer is a tensor [2, num_slots, num_kv_heads, head_dim] where a slot is
+block_id * block_size + offset. Each step first writes the new tokens' K/V into their slots, then
+every query attends to its sequence's context (cached tokens + this step's tokens), causally.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class AttentionMetadata:
+    """Everything attention needs for one step; built by the runner, read-only for the model.
+
+    Shapes: T = tokens in the step, B = sequences, Q = longest query, L = longest context.
+    """
+
+    slot_mapping: torch.Tensor  # [T] long: cache slot each new token's K/V is written to
+    query_start_loc: torch.Tensor  # [B+1] int32: token offsets of each sequence in the step
+    seq_lens: torch.Tensor  # [B] int32: context length after this step
+    block_tables: torch.Tensor  # [B, max_blocks] int32
+    max_query_len: int
+    max_seq_len: int
+    # Reference backend only: padded gather indices and the mask (see build_reference_indices).
+    kv_gather_idx: torch.Tensor | None = None  # [B, L] long slots (padding -> 0)
+    q_pad_idx: torch.Tensor | None = None  # [B, Q] long token index (padding -> T, a zero row)
+    q_unpad_idx: torch.Tensor | None = None  # [T] long index into the flattened [B*Q]
+    attn_mask: torch.Tensor | None = None  # [B, 1, Q, L] bool, True = may attend
+
+
+def build_reference_indices(
+    query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]], block_size: int, device
+) -> dict[str, torch.Tensor]:
+    """Host-side construction of the padded gather indices used by the reference backend."""
+    num_seqs = len(query_lens)
+    max_q = max(query_lens)
+    max_l = max(seq_lens)
+    total = sum(query_lens)
+    kv_idx = torch.zeros(num_seqs, max_l, dtype=torch.long)
+    q_pad = torch.full((num_seqs, max_q), total, dtype=torch.long)
+    q_unpad = torch.empty(total, dtype=torch.long)
+    mask = torch.zeros(num_seqs, 1, max_q, max_l, dtype=torch.bool)
+    offset = 0
+    for b, (ql, sl, table) in enumerate(zip(query_lens, seq_lens, block_tables, strict=True)):
+        pos = torch.arange(sl)
+        blocks = torch.tensor(table, dtype=torch.long)[pos // block_size]
+        kv_idx[b, :sl] = blocks * block_size + pos % block_size
+        q_pad[b, :ql] = torch.arange(offset, offset + ql)
+        q_unpad[offset : offset + ql] = b * max_q + torch.arange(ql)
+        qpos = torch.arange(sl - ql, sl)
+        mask[b, 0, :ql, :sl] = pos[None, :] <= qpos[:, None]
+        mask[b, 0, ql:, 0] = True  # padded query rows attend to one key so softmax stays finite
+        offset += ql
+    out = dict(kv_gather_idx=kv_idx, q_pad_idx=q_pad, q_unpad_idx=q_unpad, attn_mask=mask)
+    return {k: v.to(device, non_blocking=True) for k, v in out.items()}
+
+
+def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Store this step's K/V ([T, KH, D]) into their cache slots."""
+    kv_cache[0].index_copy_(0, slot_mapping, k)
+    kv_cache[1].index_copy_(0, slot_mapping, v)
+
+
+def reference_attention(
+    q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+) -> torch.Tensor:
+    """Paged causal attention in plain torch. q: [T, H, D] -> [T, H, D]."""
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = kv_cache.shape[2]
+    q_ext = torch.cat([q, q.new_zeros(1, num_heads, head_dim)])
+    qp = q_ext[meta.q_pad_idx].transpose(1, 2)  # [B, H, Q, D]
+    k = kv_cache[0][meta.kv_gather_idx].transpose(1, 2)  # [B, KH, L, D]
+    v = kv_cache[1][meta.kv_gather_idx].transpose(1, 2)
+    if num_kv_heads != num_heads:
+        rep = num_heads // num_kv_heads
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+    out = F.scaled_dot_product_attention(qp, k, v, attn_mask=meta.attn_mask, scale=scale)
+    out = out.transpose(1, 2).reshape(-1, num_heads, head_dim)  # [B*Q, H, D]
+    return out[meta.q_unpad_idx]

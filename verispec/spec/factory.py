@@ -1,0 +1,49 @@
+"""Build the proposer named by speculative_config."""
+
+from __future__ import annotations
+
+from verispec.config import EngineConfig
+from verispec.models.qwen2 import CausalLM
+from verispec.spec.proposer import Proposer
+
+
+def build_proposer(
+    config: EngineConfig, target: CausalLM, tokenizer, device, dtype, max_model_len: int
+) -> tuple[Proposer | None, int]:
+    """(proposer, extra KV bytes per block the proposer needs)."""
+    sc = config.speculative_config
+    if sc is None:
+        return None, 0
+    from verispec.engine.setup import kv_bytes_per_block, load_model
+    from verispec.spec.draft_model import DraftModelProposer
+    from verispec.spec.ngram import NgramProposer
+
+    k = sc.num_speculative_tokens
+    if sc.method == "ngram":
+        return NgramProposer(k, sc.prompt_lookup_min, sc.prompt_lookup_max), 0
+    if sc.method == "self":
+        return DraftModelProposer(target, k, device, dtype, config.seed), kv_bytes_per_block(target.config, config.block_size, dtype)
+    if sc.method == "draft_model":
+        draft_tok, draft_cfg, draft = load_model(sc.model, device, dtype)
+        check_same_vocab(tokenizer, draft_tok, target.config.vocab_size, draft_cfg.vocab_size, sc.model)
+        return DraftModelProposer(draft, k, device, dtype, config.seed), kv_bytes_per_block(draft_cfg, config.block_size, dtype)
+    if sc.method == "dflash":
+        from verispec.spec.dflash import build_dflash_proposer
+
+        return build_dflash_proposer(sc, target, device, dtype, config)
+    raise ValueError(f"unknown speculative method {sc.method!r}")
+
+
+def check_same_vocab(target_tok, draft_tok, target_vocab: int, draft_vocab: int, draft_name: str) -> None:
+    """A draft model must share the target's vocabulary, token for token."""
+    if target_vocab != draft_vocab:
+        raise ValueError(
+            f"draft model {draft_name!r} has a vocabulary of {draft_vocab} tokens but the target has "
+            f"{target_vocab}: a draft model must use the target's tokenizer"
+        )
+    probe = list(range(0, min(target_tok.vocab_size, draft_tok.vocab_size), 97))
+    if target_tok.convert_ids_to_tokens(probe) != draft_tok.convert_ids_to_tokens(probe):
+        raise ValueError(f"draft model {draft_name!r} uses a different tokenizer from the target's")
+
+
+

@@ -1,0 +1,86 @@
+"""Logit processing and sampling. Pure functions over tensors; no host syncs except where noted.
+
+Rows are independent: every row carries its own temperature / top-k / top-p / min-p, and random
+rows draw from their own request's generator, so a request samples the same tokens whatever else
+is in the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class RowParams:
+    """Per-row sampling parameters as device tensors (R rows)."""
+
+    temperature: torch.Tensor  # [R] float32; 0 = greedy
+    top_k: torch.Tensor  # [R] int64; vocab size = off
+    top_p: torch.Tensor  # [R] float32
+    min_p: torch.Tensor  # [R] float32
+    need_sort: bool  # any row uses top-k or top-p
+    need_min_p: bool
+
+
+def apply_penalties(
+    logits: torch.Tensor,
+    rows: list[int],
+    prompt_ids: list[list[int]],
+    output_ids: list[list[int]],
+    presence: list[float],
+    frequency: list[float],
+    repetition: list[float],
+) -> None:
+    """vLLM's penalties, in place, on the given rows. Repetition covers prompt + output tokens;
+    presence and frequency cover output tokens only."""
+    vocab = logits.shape[-1]
+    dev = logits.device
+    for r, p_ids, o_ids, pres, freq, rep in zip(rows, prompt_ids, output_ids, presence, frequency, repetition, strict=True):
+        row = logits[r]
+        out_counts = torch.bincount(torch.tensor(o_ids, dtype=torch.long, device=dev), minlength=vocab)[:vocab]
+        if rep != 1.0:
+            seen = out_counts > 0
+            if p_ids:
+                seen |= torch.bincount(torch.tensor(p_ids, dtype=torch.long, device=dev), minlength=vocab)[:vocab] > 0
+            row.copy_(torch.where(seen, torch.where(row > 0, row / rep, row * rep), row))
+        row -= freq * out_counts.to(row.dtype) + pres * (out_counts > 0).to(row.dtype)
+
+
+def probs_from_logits(logits: torch.Tensor, p: RowParams) -> torch.Tensor:
+    """Temperature, then top-k, top-p and min-p filtering; returns normalized probabilities [R, V].
+    Greedy rows (temperature 0) get a one-hot at the argmax."""
+    greedy = p.temperature <= 1e-5
+    temp = torch.where(greedy, torch.ones_like(p.temperature), p.temperature)
+    probs = torch.softmax(logits / temp[:, None], dim=-1)
+    if p.need_sort:
+        sorted_p, idx = probs.sort(dim=-1, descending=True)
+        ranks = torch.arange(probs.shape[-1], device=probs.device)[None, :]
+        drop = ranks >= p.top_k[:, None]
+        cum = sorted_p.cumsum(-1)
+        drop |= (cum - sorted_p) > p.top_p[:, None]  # keep the smallest prefix reaching top_p
+        drop[:, 0] = False
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, idx, sorted_p)
+    if p.need_min_p:
+        thresh = probs.max(dim=-1, keepdim=True).values * p.min_p[:, None]
+        probs = probs.masked_fill(probs < thresh, 0.0)
+    probs = probs / probs.sum(-1, keepdim=True)
+    if bool(greedy.any()):
+        onehot = torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+        probs = torch.where(greedy[:, None], onehot, probs)
+    return probs
+
+
+def sample_row(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One token from a probability row, drawn with the request's own generator (0-d tensor)."""
+    return torch.multinomial(probs, 1, generator=generator)[0]
+
+
+def top_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Log-probabilities (of the raw model distribution) of the chosen tokens and the top-n."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = lp.gather(-1, token_ids[:, None])[:, 0]
+    top_v, top_i = lp.topk(max(n, 1), dim=-1)
+    return chosen, top_v, top_i
