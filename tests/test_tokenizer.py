@@ -29,7 +29,7 @@ CORPUS = [
     "numbers 1234567890 3.14159 -2e10 0xFF 1,000,000",
     "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
     "text<|endoftext|>more <|fim_prefix|>a<|fim_suffix|>b<|fim_middle|>",
-    "call <tool_call>\n{\"name\": \"f\"}\n</tool_call> done",
+    'call <tool_call>\n{"name": "f"}\n</tool_call> done',
     "not special: <|im_start and im_end|> <|unknown|>",
     "I'm sure they'll say it's 'quoted' THEY'RE",
     "",
@@ -98,16 +98,18 @@ CONVERSATIONS = [
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": "2+2?"},
         {"role": "assistant", "content": "4"},
-        {"role": "user", "content": "And 日本 <tags> & \"quotes\"?"},
+        {"role": "user", "content": 'And 日本 <tags> & "quotes"?'},
     ],
     [
         {"role": "user", "content": "weather?"},
         {
             "role": "assistant",
             "content": None,
-            "tool_calls": [{"type": "function", "function": {"name": "get", "arguments": {"city": "Zürich"}}}],
+            "tool_calls": [
+                {"type": "function", "function": {"name": "get", "arguments": {"city": "Zürich"}}}
+            ],
         },
-        {"role": "tool", "content": "{\"temp\": 3}"},
+        {"role": "tool", "content": '{"temp": 3}'},
         {"role": "tool", "content": "sunny"},
     ],
 ]
@@ -196,3 +198,29 @@ def test_template_features(tok: Tokenizer) -> None:
     out = tok.apply_chat_template(messages, chat_template=template)
     bos, eos = tok.convert_ids_to_tokens([tok.bos_token_id, tok.eos_token_id])
     assert out == f'{{"role": "user", "content": "<b>é</b>"}}\n{bos}|{eos}'
+
+
+# Whitespace-sensitive on purpose: block tags on their own indented lines (trim_blocks/lstrip_blocks).
+CUSTOM_TEMPLATE = """{% for m in messages %}
+  {% if m.role == 'system' %}
+    [SYS] {{ m.content }}
+  {% else %}
+{{ m.role | upper }}: {{ m.content | trim }}
+  {% endif %}
+{% endfor %}
+{% if add_generation_prompt %}
+ASSISTANT:{% endif %}
+{% if tools %}{{ tools | tojson(indent=2) }}{% endif %}"""
+
+
+@pytest.mark.parametrize("tools", [None, TOOLS])
+def test_custom_template_whitespace_matches_transformers(tok: Tokenizer, hf, tools) -> None:
+    messages = CONVERSATIONS[1]
+    for gen in (True, False):
+        expected = hf.apply_chat_template(
+            messages, chat_template=CUSTOM_TEMPLATE, tools=tools, add_generation_prompt=gen, tokenize=False
+        )
+        got = tok.apply_chat_template(
+            messages, add_generation_prompt=gen, tools=tools, chat_template=CUSTOM_TEMPLATE
+        )
+        assert got == expected

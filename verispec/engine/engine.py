@@ -29,6 +29,7 @@ class _Group:
     prompt_token_ids: list[int]
     seqs: list[Request]
     detoks: list[IncrementalDetokenizer]
+    texts: list[str]  # streamed text so far (detokenizer deltas; partial stop strings held back)
     arrival_time: float
     first_token_time: float | None = None
 
@@ -100,7 +101,7 @@ class LLMEngine:
             )
             for _ in seqs
         ]
-        g = _Group(request_id, prompt, ids, seqs, detoks, time.monotonic())
+        g = _Group(request_id, prompt, ids, seqs, detoks, [""] * len(seqs), time.monotonic())
         self.groups[request_id] = g
         for s in seqs:
             self.seq_to_group[s.request_id] = g
@@ -147,7 +148,7 @@ class LLMEngine:
             if new:
                 g.first_token_time = g.first_token_time or time.monotonic()
                 detok = g.detoks[req.index]
-                detok.add_tokens(new)
+                g.texts[req.index] += detok.add_tokens(new)
                 if detok.stop_hit is not None and req.finish_reason is None:
                     req.finish_reason, req.stop_reason = "stop", detok.stop_hit
             if req.finish_reason is not None and not req.is_finished:
@@ -183,16 +184,16 @@ class LLMEngine:
             self.proposer.free_request(req.request_id)
         g = self.seq_to_group.get(req.request_id)
         if g is not None:
-            g.detoks[req.index].flush()
+            g.texts[req.index] += g.detoks[req.index].flush()
             if all(s.is_finished for s in g.seqs) and reason != "abort":
                 self.num_requests_finished += 1
 
     def _output(self, g: _Group) -> RequestOutput:
         outs = []
-        for s, d in zip(g.seqs, g.detoks, strict=True):
+        for s, text in zip(g.seqs, g.texts, strict=True):
             outs.append(
                 CompletionOutput(
-                    index=s.index, text=d.text, token_ids=list(s.output_token_ids),
+                    index=s.index, text=text, token_ids=list(s.output_token_ids),
                     finish_reason=s.finish_reason if s.is_finished else None, stop_reason=s.stop_reason,
                     logprobs=list(s.logprobs) if s.params.logprobs is not None else None,
                     cumulative_logprob=None,

@@ -1,0 +1,62 @@
+"""Shared fixtures: the real registry models (pulled on first use) and engines built on them."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # for tests/tiny.py
+
+QWEN05 = "qwen2.5-coder-0.5b-instruct"
+QWEN15 = "qwen2.5-coder-1.5b-instruct"
+
+# Keep the CPU tests deterministic and bounded on a 2-core machine.
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def qwen05_path() -> Path:
+    from verispec.loader.registry import resolve_model
+
+    return resolve_model(QWEN05, progress=False)
+
+
+@pytest.fixture(scope="session")
+def qwen15_path() -> Path:
+    from verispec.loader.registry import resolve_model
+
+    return resolve_model(QWEN15, progress=False)
+
+
+@pytest.fixture(scope="session")
+def llm05(qwen05_path):
+    """The real 0.5B on CPU in float32 (the reference path), shared by the session's tests."""
+    from verispec import LLM
+
+    return LLM(QWEN05, device="cpu", dtype="float32", max_model_len=2048, async_scheduling=False)
+
+
+@pytest.fixture(scope="session")
+def hf05(qwen05_path):
+    """transformers' own GGUF loader on the same file, float32 on CPU (the reference)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(qwen05_path.parent), gguf_file=qwen05_path.name, dtype=torch.float32
+    )
+    return model.eval()
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,155 @@
+"""Engine mechanics on a tiny random model: batching, chunked prefill, preemption, prefix cache."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from tiny import run_all, tiny_engine, tiny_model
+
+from verispec import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+
+
+def prompts(n: int, seed: int = 0, lo: int = 3, hi: int = 90) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(100, 30000) for _ in range(rng.randrange(lo, hi))] for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model()
+
+
+@pytest.fixture(scope="module")
+def alone(model):
+    """Each prompt's greedy output generated on its own."""
+    ps = prompts(8)
+    return ps, [run_all(tiny_engine(model), [p], GREEDY)[0].outputs[0].token_ids for p in ps]
+
+
+def test_batch_equals_alone(model, alone):
+    ps, ref = alone
+    outs = run_all(tiny_engine(model), ps, GREEDY)
+    assert [o.outputs[0].token_ids for o in outs] == ref
+
+
+def test_small_chunked_prefill(model, alone):
+    ps, ref = alone
+    eng = tiny_engine(model, max_num_batched_tokens=7)
+    outs = run_all(eng, ps, GREEDY)
+    assert [o.outputs[0].token_ids for o in outs] == ref
+    assert eng.num_steps > sum(len(p) for p in ps) // 7
+
+
+def test_preemption_keeps_outputs(model, alone):
+    ps, ref = alone
+    eng = tiny_engine(model, num_gpu_blocks=14, block_size=8)
+    outs = run_all(eng, ps, GREEDY)
+    assert eng.get_metrics()["num_preemptions"] > 0
+    assert [o.outputs[0].token_ids for o in outs] == ref
+    assert eng.blocks.num_free_blocks == eng.blocks.num_blocks
+
+
+def test_prefix_cache_hit(model):
+    eng = tiny_engine(model, block_size=8)
+    shared = prompts(1, seed=5, lo=40, hi=41)[0]
+    a = shared + [11, 12, 13]
+    b = shared + [21, 22]
+    first = run_all(eng, [a], GREEDY)[0]
+    assert first.num_cached_tokens == 0
+    out_b = run_all(eng, [b], GREEDY)[0]
+    assert out_b.num_cached_tokens >= 40 - 8
+    assert eng.get_metrics()["prefix_cache_hits"] >= 32
+    ref = run_all(tiny_engine(model, enable_prefix_caching=False), [b], GREEDY)[0]
+    assert out_b.outputs[0].token_ids == ref.outputs[0].token_ids
+
+
+def test_all_features_together(model, alone):
+    ps, ref = alone
+    eng = tiny_engine(model, num_gpu_blocks=20, block_size=8, max_num_batched_tokens=13)
+    run_all(eng, [ps[0][:30]], GREEDY)  # seed the prefix cache
+    outs = run_all(eng, ps, GREEDY)
+    assert [o.outputs[0].token_ids for o in outs] == ref
+    assert eng.get_metrics()["num_preemptions"] > 0
+
+
+def test_seeded_sampling_reproducible_and_batch_independent(model):
+    ps = prompts(4, seed=3)
+    sp = [SamplingParams(temperature=0.9, top_p=0.95, seed=100 + i, max_tokens=16, ignore_eos=True) for i in range(4)]
+    a = run_all(tiny_engine(model), ps, sp)
+    b = run_all(tiny_engine(model), ps[:1], sp[:1])
+    c = run_all(tiny_engine(model, max_num_batched_tokens=9), ps, sp)
+    assert a[0].outputs[0].token_ids == b[0].outputs[0].token_ids
+    assert [o.outputs[0].token_ids for o in a] == [o.outputs[0].token_ids for o in c]
+    d = run_all(tiny_engine(model), ps[:1], [SamplingParams(temperature=0.9, top_p=0.95, seed=7, max_tokens=16, ignore_eos=True)])
+    assert d[0].outputs[0].token_ids != a[0].outputs[0].token_ids
+
+
+def test_max_tokens_min_tokens_stop_ids(model):
+    p = prompts(1, seed=9)[0]
+    free = run_all(tiny_engine(model), [p], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+    toks = free.outputs[0].token_ids
+    assert len(toks) == 12 and free.outputs[0].finish_reason == "length"
+    stop_tok = toks[5]
+    first = toks.index(stop_tok)
+    out = run_all(tiny_engine(model), [p], SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[stop_tok]))[0]
+    assert out.outputs[0].token_ids == toks[: first + 1]
+    assert out.outputs[0].finish_reason == "stop" and out.outputs[0].stop_reason == stop_tok
+    # min_tokens bans the stop id until enough tokens exist.
+    out = run_all(
+        tiny_engine(model), [p], SamplingParams(temperature=0, max_tokens=12, min_tokens=12, stop_token_ids=[stop_tok])
+    )[0]
+    assert len(out.outputs[0].token_ids) == 12 and stop_tok not in out.outputs[0].token_ids[: 12]
+
+
+def test_stop_string_truncates_text(model):
+    eng = tiny_engine(model)
+    p = prompts(1, seed=4)[0]
+    full = run_all(eng, [p], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))[0].outputs[0].text
+    assert len(full) > 6
+    stop = full[3:6]
+    cut = full.index(stop)
+    out = run_all(tiny_engine(model), [p], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, stop=[stop]))[0]
+    assert out.outputs[0].text == full[:cut]
+    assert out.outputs[0].finish_reason == "stop" and out.outputs[0].stop_reason == stop
+
+
+def test_n_and_logprobs(model):
+    eng = tiny_engine(model)
+    p = prompts(1, seed=2)[0]
+    out = run_all(eng, [p], SamplingParams(n=3, temperature=1.0, seed=1, max_tokens=8, logprobs=2, ignore_eos=True))[0]
+    assert len(out.outputs) == 3
+    assert len({tuple(c.token_ids) for c in out.outputs}) > 1
+    for c in out.outputs:
+        assert len(c.logprobs) == len(c.token_ids)
+        for tok, lp in zip(c.token_ids, c.logprobs, strict=True):
+            assert tok in lp and all(v <= 0 for v in lp.values()) and len(lp) >= 2
+
+
+def test_abort_frees_blocks(model):
+    eng = tiny_engine(model)
+    eng.add_request("x", None, SamplingParams(max_tokens=100, ignore_eos=True), prompts(1)[0])
+    eng.step()
+    eng.step()
+    assert eng.blocks.num_free_blocks < eng.blocks.num_blocks
+    eng.abort_request("x")
+    assert eng.blocks.num_free_blocks == eng.blocks.num_blocks
+    assert not eng.has_unfinished_requests()
+
+
+def test_bad_requests_rejected_cleanly(model):
+    eng = tiny_engine(model, max_model_len=64)
+    with pytest.raises(ValueError, match="empty"):
+        eng.add_request("a", None, SamplingParams(), [])
+    with pytest.raises(ValueError, match="max_model_len"):
+        eng.add_request("b", None, SamplingParams(), [5] * 64)
+    with pytest.raises(ValueError, match="prompt_token_ids"):
+        eng.add_request("c", None, SamplingParams(), [-1, 3])
+    with pytest.raises(ValueError, match="prompt must be a string"):
+        eng.add_request("d", None, SamplingParams(), None)
+    eng.add_request("ok", None, SamplingParams(max_tokens=2), [5, 6])
+    with pytest.raises(ValueError, match="already running"):
+        eng.add_request("ok", None, SamplingParams(), [5])
+    assert len(eng.scheduler.waiting) == 1  # only the good one queued
