@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import httpx
 import openai
@@ -208,6 +209,7 @@ BAD = [
     (_C, b'{"prompt": "x", "seed": 99999999999999999999999999}', 400, "seed"),
     (_C, b'{"prompt": "x", "stop": [""]}', 400, "stop"),
     (_C, b'{"prompt": "x", "logprobs": 50}', 400, "logprobs"),
+    (_C, b'{"prompt": "x", "repetition_penalty": 1e-300}', 400, "repetition_penalty"),
     (_C, b'{"prompt": "x", "min_tokens": 9, "max_tokens": 3}', 400, "min_tokens"),
     (_C, b'{"prompt": ""}', 400, "prompt: String should have at least 1 character"),
     (_C, b'{"prompt": []}', 400, "prompt: "),
@@ -284,3 +286,61 @@ def test_client_timeout_aborts_non_streamed_request(srv):
         httpx.post(srv.url + _C, json=body, timeout=httpx.Timeout(30, read=1.0))
     srv.wait_blocks(start, timeout=30)
     assert srv.aengine.num_aborted == aborted + 1
+
+
+def test_logprobs_stay_finite_json(client):
+    # top_k=1 rules every other token out (-inf logprob); the response must still be valid JSON.
+    r = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=3, temperature=1.0,
+                                  logprobs=3, extra_body={"top_k": 1})
+    for top in r.choices[0].logprobs.top_logprobs:
+        assert len(top) >= 2 and all(-1e4 <= v <= 0 for v in top.values())
+
+
+def test_shutdown_with_stream_in_flight(model):
+    s = ServerThread(tiny_engine(model), "tiny").start()
+    start = s.engine.blocks.num_free_blocks
+    seen, ended = [], threading.Event()
+
+    def reader() -> None:
+        body = {"prompt": PROMPT, "max_tokens": 3000, "ignore_eos": True, "stream": True}
+        try:
+            with httpx.stream("POST", s.url + _C, json=body, timeout=60) as r:
+                for line in r.iter_lines():
+                    seen.append(line)
+        except httpx.HTTPError:
+            pass  # the server cut the stream at its graceful-shutdown deadline
+        ended.set()
+
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    wait_for(lambda: len(seen) >= 3, 30, "the stream to start")
+    s.stop(timeout=30)  # what uvicorn does on SIGTERM
+    assert ended.wait(30)
+    assert not s.aengine.is_alive
+    assert not s.engine.has_unfinished_requests()
+    assert s.engine.blocks.num_free_blocks == start
+
+
+def test_engine_failure_is_contained(model):
+    """An engine exception fails the requests in flight with an OpenAI-style 500; the server keeps serving."""
+    s = ServerThread(tiny_engine(model), "tiny").start()
+    try:
+        start = s.engine.blocks.num_free_blocks
+        real_step, calls = s.engine.step, []
+
+        def failing_step():
+            calls.append(1)
+            if len(calls) == 2:
+                raise RuntimeError("injected failure")
+            return real_step()
+
+        s.engine.step = failing_step
+        with httpx.Client(base_url=s.url, timeout=60) as h:
+            r = h.post(_C, json={"prompt": PROMPT, "max_tokens": 5})
+            assert r.status_code == 500 and "injected failure" in r.json()["error"]["message"]
+            r = h.post(_C, json={"prompt": PROMPT, "max_tokens": 5})
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
+            assert h.get("/health").status_code == 200
+        s.wait_blocks(start)
+    finally:
+        s.stop()

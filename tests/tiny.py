@@ -41,12 +41,24 @@ def tiny_model(cfg: ModelConfig | None = None, seed: int = 0) -> CausalLM:
     return build_model(cfg, sd, torch.device("cpu"), torch.float32)
 
 
-def tiny_engine(model: CausalLM | None = None, spec: dict | None = None, **kw) -> LLMEngine:
-    """An engine around a tiny model. kw override EngineConfig fields."""
+def tiny_engine(
+    model: CausalLM | None = None, spec: dict | None = None, draft_override: CausalLM | None = None, **kw
+) -> LLMEngine:
+    """An engine around a tiny model. kw override EngineConfig fields; draft_override is the model
+    that a draft_model speculative_config loads (instead of a registry name)."""
     model = model or tiny_model()
+    if draft_override is not None:
+        from verispec.spec import factory
+
+        tok = real_tokenizer()
+        factory.DRAFT_LOADER_OVERRIDE = lambda name, device, dtype: (tok, draft_override.config, draft_override)
     defaults = dict(model="tiny", device="cpu", dtype="float32", max_num_batched_tokens=256, num_gpu_blocks=256)
     cfg = EngineConfig(**{**defaults, **kw}, speculative_config=SpeculativeConfig.from_dict(spec))
-    parts = assemble_parts(cfg, real_tokenizer(), model, torch.device("cpu"), torch.float32)
+    try:
+        parts = assemble_parts(cfg, real_tokenizer(), model, torch.device("cpu"), torch.float32)
+    finally:
+        if draft_override is not None:
+            factory.DRAFT_LOADER_OVERRIDE = None
     return LLMEngine(cfg, parts)
 
 

@@ -161,6 +161,9 @@ class LLMEngine:
 
     def _propose(self) -> None:
         ready = [r for r in self.scheduler.running if r.num_computed_tokens == r.num_tokens - 1]
+        # Drafters write K/V at the draft positions, so their blocks are reserved now; a request
+        # that cannot get them simply goes without drafts this step.
+        ready = [r for r in ready if self.scheduler.reserve(r, r.num_tokens + self.proposer.num_drafts_for(r))]
         proposal = self.proposer.propose(ready)
         for r in ready:
             r.spec_token_ids = proposal.token_ids.get(r.request_id, [])

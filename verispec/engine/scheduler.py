@@ -158,6 +158,10 @@ class Scheduler:
         req.num_computed_tokens = 0
         req.spec_token_ids = []
 
+    def reserve(self, req: Request, num_tokens: int) -> bool:
+        """Blocks for num_tokens (draft positions) without preempting anyone."""
+        return self.blocks.allocate(req.block_ids, num_tokens)
+
     # ---- commit ----------------------------------------------------------------------------
     def commit(self, s: ScheduledRequest, sampled: list[int] | None) -> int:
         """Apply a step's result to one request: advance num_computed_tokens (minus rejected

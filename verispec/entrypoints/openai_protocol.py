@@ -61,7 +61,8 @@ class _Sampling(BaseModel):
     stop_token_ids: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=MAX_STOP)] | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
-    repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] | None = None
+    # Tiny penalties overflow the logits to inf (and the sampler to NaN): keep them sane.
+    repetition_penalty: Annotated[float, Field(ge=0.01, le=10.0)] | None = None
     ignore_eos: bool = False
     min_tokens: Annotated[int, Field(ge=0)] = 0
     skip_special_tokens: bool = True

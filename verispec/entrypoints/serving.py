@@ -9,7 +9,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from verispec.entrypoints.async_engine import AsyncEngine
+from verispec.entrypoints.async_engine import AsyncEngine, EngineDeadError
 from verispec.entrypoints.openai_protocol import APIError, ChatCompletionRequest, CompletionRequest
 from verispec.outputs import CompletionOutput, RequestOutput
 
@@ -77,7 +77,7 @@ class OpenAIServing:
             messages = [m.to_template() for m in req.messages]
             try:
                 prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt)
-            except ValueError as e:
+            except (ValueError, TypeError) as e:  # a conversation the template cannot render
                 raise APIError(400, str(e), param="messages") from None
             ids = await self._encode(prompt)
         else:
@@ -164,8 +164,12 @@ class OpenAIServing:
     async def full_response(self, req, prep: Prepared, outputs: AsyncIterator[RequestOutput]) -> dict:
         """Run to completion and build the non-streamed response."""
         final = None
-        async for out in outputs:
-            final = out
+        try:
+            async for out in outputs:
+                final = out
+        except EngineDeadError as e:
+            shutting_down = "shutting down" in str(e)
+            raise APIError(503 if shutting_down else 500, str(e), type="server_error") from None
         assert final is not None
         return {
             "id": prep.request_id, "object": "chat.completion" if prep.chat else "text_completion",

@@ -6,6 +6,9 @@ from verispec.config import EngineConfig
 from verispec.models.qwen2 import CausalLM
 from verispec.spec.proposer import Proposer
 
+# Tests set this to build a draft model without loading one from disk.
+DRAFT_LOADER_OVERRIDE = None
+
 
 def build_proposer(
     config: EngineConfig, target: CausalLM, tokenizer, device, dtype, max_model_len: int
@@ -24,7 +27,8 @@ def build_proposer(
     if sc.method == "self":
         return DraftModelProposer(target, k, device, dtype, config.seed), kv_bytes_per_block(target.config, config.block_size, dtype)
     if sc.method == "draft_model":
-        draft_tok, draft_cfg, draft = load_model(sc.model, device, dtype)
+        loader = DRAFT_LOADER_OVERRIDE or load_model
+        draft_tok, draft_cfg, draft = loader(sc.model, device, dtype)
         check_same_vocab(tokenizer, draft_tok, target.config.vocab_size, draft_cfg.vocab_size, sc.model)
         return DraftModelProposer(draft, k, device, dtype, config.seed), kv_bytes_per_block(draft_cfg, config.block_size, dtype)
     if sc.method == "dflash":

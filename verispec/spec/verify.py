@@ -24,40 +24,56 @@ def verify_greedy(target_argmax: list[int], drafts: list[int]) -> list[int]:
     return out
 
 
+def rejection_sample(
+    p: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor | None, u: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batched core of rejection sampling (pure; randomness passed in).
+
+    p: [R, k+1, V] target probabilities; drafts: [R, k] long; q: [R, k, V] draft probabilities or
+    None (point-mass drafts); u: [R, k] uniforms. Returns (num_accepted [R], dist [R, V]): the
+    distribution the final token is drawn from (the residual at the first rejection, or p_k).
+    """
+    rows, k1, _ = p.shape
+    k = k1 - 1
+    idx = torch.arange(rows, device=p.device)
+    if k:
+        p_d = p[:, :k].gather(-1, drafts[..., None])[..., 0]
+        q_d = q.gather(-1, drafts[..., None])[..., 0] if q is not None else torch.ones_like(p_d)
+        ratio = torch.where(q_d > 0, p_d / q_d.clamp_min(1e-30), torch.zeros_like(p_d))
+        num_accepted = (u < ratio).long().cumprod(-1).sum(-1)
+    else:
+        num_accepted = torch.zeros(rows, dtype=torch.long, device=p.device)
+    p_j = p[idx, num_accepted]
+    if k:
+        j = num_accepted.clamp(max=k - 1)
+        if q is not None:
+            q_j = q[idx, j]
+        else:
+            q_j = torch.zeros_like(p_j).scatter_(-1, drafts[idx, j][:, None], 1.0)
+        resid = torch.where((num_accepted < k)[:, None], (p_j - q_j).clamp_min(0.0), p_j)
+    else:
+        resid = p_j
+    total = resid.sum(-1, keepdim=True)
+    # p == q exactly leaves no residual mass (the draft is then always accepted); fall back to p.
+    dist = torch.where(total > 0, resid / total.clamp_min(1e-30), p_j)
+    return num_accepted, dist
+
+
 def verify_random(
     p: torch.Tensor,
     drafts: list[int],
     q: torch.Tensor | None,
     generator: torch.Generator,
 ) -> list[int]:
-    """Rejection sampling. p: [k+1, V] target probabilities (after temperature/top-k/top-p/min-p);
-    q: [k, V] draft probabilities or None for point-mass drafts. Randomness comes from the
-    request's generator in a fixed order: k uniforms, then one categorical draw."""
+    """Rejection sampling for one request. p: [k+1, V] target probabilities (after temperature /
+    top-k / top-p / min-p); q: [k, V] draft probabilities or None for point-mass drafts.
+    Randomness comes from the request's generator in a fixed order: k uniforms, then one
+    categorical draw, so a request's tokens do not depend on the rest of the batch."""
     k = len(drafts)
     dev = p.device
-    u = torch.rand(k, generator=generator, device=dev) if k else None
-    d = torch.tensor(drafts, dtype=torch.long, device=dev)
-    if k:
-        p_d = p[:k].gather(-1, d[:, None])[:, 0]
-        q_d = q[:k].gather(-1, d[:, None])[:, 0] if q is not None else torch.ones_like(p_d)
-        ratio = torch.where(q_d > 0, p_d / q_d.clamp_min(1e-30), torch.zeros_like(p_d))
-        ok = (u < ratio).tolist()
-    else:
-        ok = []
-    num_accepted = 0
-    while num_accepted < k and ok[num_accepted]:
-        num_accepted += 1
-    if num_accepted < k:
-        j = num_accepted
-        if q is not None:
-            resid = (p[j] - q[j]).clamp_min(0.0)
-        else:
-            resid = p[j].clone()
-            resid[drafts[j]] = 0.0
-        total = resid.sum()
-        # p == q exactly (or p concentrated on the draft) leaves no residual mass; fall back to p.
-        dist = resid / total if float(total) > 0 else p[j]
-    else:
-        dist = p[k]
-    last = int(torch.multinomial(dist, 1, generator=generator)[0])
-    return drafts[:num_accepted] + [last]
+    u = torch.rand(1, k, generator=generator, device=dev)
+    d = torch.tensor([drafts], dtype=torch.long, device=dev)
+    num_accepted, dist = rejection_sample(p[None], d, None if q is None else q[None, :k], u)
+    a = int(num_accepted[0])
+    last = int(torch.multinomial(dist[0], 1, generator=generator)[0])
+    return drafts[:a] + [last]

@@ -1,0 +1,174 @@
+"""Speculative decoding on a tiny random model: lossless greedy output for every method, the
+self-drafting oracle, and per-position counters against a hand count."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from tiny import run_all, tiny_config, tiny_engine, tiny_model
+
+from verispec import SamplingParams
+from verispec.spec.ngram import ngram_lookup
+from verispec.spec.proposer import Proposal, Proposer
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+
+
+def mixed_prompts(n=6, seed=1) -> list[list[int]]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        base = [rng.randrange(100, 3000) for _ in range(rng.randrange(4, 30))]
+        out.append(base * (1 + i % 3))  # repetition gives the n-gram proposer something to find
+    return out
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model()
+
+
+@pytest.fixture(scope="module")
+def reference(model):
+    """Prompts that repeat themselves with their own continuation (base + continuation + base),
+    so prompt lookup finds drafts that are sometimes right and sometimes wrong."""
+    bases = mixed_prompts()
+    conts = [o.outputs[0].token_ids for o in run_all(tiny_engine(model), bases, GREEDY)]
+    ps = [b + c[:12] + b for b, c in zip(bases, conts, strict=True)]
+    return ps, [o.outputs[0].token_ids for o in run_all(tiny_engine(model), ps, GREEDY)]
+
+
+SPECS = [
+    {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
+    {"method": "self", "num_speculative_tokens": 4},
+]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s["method"])
+@pytest.mark.parametrize("stress", ["plain", "chunked+preempt"])
+def test_lossless_greedy(model, reference, spec, stress):
+    ps, ref = reference
+    kw = {} if stress == "plain" else dict(num_gpu_blocks=16, block_size=8, max_num_batched_tokens=11)
+    eng = tiny_engine(model, spec=spec, **kw)
+    outs = run_all(eng, ps, GREEDY)
+    assert [o.outputs[0].token_ids for o in outs] == ref
+    m = eng.get_metrics()
+    assert m["spec_decode_num_drafts"] > 0
+    assert 0 < m["spec_decode_num_accepted_tokens"]
+    if spec["method"] == "ngram":
+        assert m["spec_decode_num_accepted_tokens"] < m["spec_decode_num_draft_tokens"]  # rejections too
+    if stress != "plain":
+        assert m["num_preemptions"] > 0
+    assert eng.blocks.num_free_blocks == eng.blocks.num_blocks
+
+
+def test_draft_model_lossless(model, reference):
+    ps, ref = reference
+    draft = tiny_model(tiny_config(layers=1), seed=1)
+    eng = tiny_engine(model, spec={"method": "draft_model", "num_speculative_tokens": 3, "model": "tiny-draft"},
+                      draft_override=draft)
+    outs = run_all(eng, ps, GREEDY)
+    assert [o.outputs[0].token_ids for o in outs] == ref
+    assert eng.get_metrics()["spec_decode_num_draft_tokens"] > 0
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 8])
+def test_self_oracle_acceptance(model, k):
+    eng = tiny_engine(model, spec={"method": "self", "num_speculative_tokens": k})
+    run_all(eng, mixed_prompts(4, seed=k), SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
+    m = eng.get_metrics()
+    rate = m["spec_decode_num_accepted_tokens"] / m["spec_decode_num_draft_tokens"]
+    assert rate >= 0.99, m
+    # Mean acceptance length over full-k drafts; trimmed drafts at the end count as shorter ones.
+    assert m["spec_decode_mean_acceptance_length"] >= 0.99 * (1 + m["spec_decode_num_draft_tokens"] / m["spec_decode_num_drafts"])
+
+
+def test_self_oracle_at_temperature(model):
+    """q == p exactly: min(1, p/q) = 1, so every sampled draft is accepted."""
+    eng = tiny_engine(model, spec={"method": "self", "num_speculative_tokens": 4})
+    sp = SamplingParams(temperature=0.8, top_k=50, seed=5, max_tokens=30, ignore_eos=True)
+    run_all(eng, mixed_prompts(3), sp)
+    m = eng.get_metrics()
+    assert m["spec_decode_num_accepted_tokens"] >= 0.99 * m["spec_decode_num_draft_tokens"]
+
+
+class ScriptedProposer(Proposer):
+    """Drafts [right, right, wrong] from a known greedy continuation."""
+
+    def __init__(self, continuation: dict[str, list[int]]):
+        super().__init__(3)
+        self.cont = continuation
+
+    def propose(self, requests):
+        out = Proposal()
+        for r in requests:
+            k = self.num_drafts_for(r)
+            n = len(r.output_token_ids)
+            right = self.cont[r.request_id][n : n + 2]
+            out.token_ids[r.request_id] = (right + [0])[:k]
+        return out
+
+
+def test_per_position_counters_hand_count(model, reference):
+    ps, ref = reference
+    eng = tiny_engine(model)
+    eng.proposer = ScriptedProposer({f"r{i}": ref[i] for i in range(len(ps))})
+    eng.proposer.bind(eng.blocks.num_blocks, eng.blocks.block_size, eng.max_model_len)
+    outs = run_all(eng, ps, GREEDY)
+    assert [o.outputs[0].token_ids for o in outs] == ref
+    # Hand count per request: after the first token each step drafts min(3, left-1) tokens,
+    # of which the first two are right (the third is 0, which the tiny model never picks).
+    drafts = draft_tokens = accepted = 0
+    per_pos = [0, 0, 0]
+    for toks in ref:
+        n = 1
+        while n < len(toks):
+            k = min(3, len(toks) - n - 1)
+            if k == 0:
+                n += 1
+                continue
+            a = min(k, 2) if k < 3 else 2
+            if k < 3 and k <= 2:
+                a = k  # fewer than 3 drafts: all of them are the right ones
+            drafts += 1
+            draft_tokens += k
+            accepted += a
+            for i in range(a):
+                per_pos[i] += 1
+            n += a + 1
+    m = eng.get_metrics()
+    assert 0 not in [t for r in ref for t in r]
+    assert m["spec_decode_num_drafts"] == drafts
+    assert m["spec_decode_num_draft_tokens"] == draft_tokens
+    assert m["spec_decode_num_accepted_tokens"] == accepted
+    assert m["spec_decode_num_accepted_tokens_per_pos"] == per_pos
+    per_req = sum(c.spec_num_accepted_tokens for o in outs for c in o.outputs)
+    assert per_req == accepted
+
+
+def test_ngram_lookup():
+    assert ngram_lookup([1, 2, 3, 4, 1, 2], k=2, n_min=1, n_max=3) == [3, 4]
+    assert ngram_lookup([5, 6, 7], k=2, n_min=1, n_max=3) == []
+    # The longest matching n-gram wins over a more recent shorter one.
+    assert ngram_lookup([1, 2, 9, 8, 2, 7, 1, 2], k=1, n_min=1, n_max=2) == [9]
+
+
+def test_bad_speculative_configs():
+    from verispec.config import SpeculativeConfig
+
+    for bad, msg in [
+        ({"method": "magic"}, "method"),
+        ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+        ({"method": "draft_model"}, "model"),
+        ({"method": "ngram", "prompt_lookup_min": 3, "prompt_lookup_max": 2}, "prompt_lookup"),
+        ({"method": "ngram", "bogus": 1}, "unknown keys"),
+    ]:
+        with pytest.raises(ValueError, match=msg):
+            SpeculativeConfig.from_dict(bad)
+
+
+def test_draft_model_with_other_vocab_is_refused(model):
+    other = tiny_model(tiny_config(vocab=1000, layers=1))
+    with pytest.raises(ValueError, match="vocabulary"):
+        tiny_engine(model, spec={"method": "draft_model", "num_speculative_tokens": 2, "model": "x"}, draft_override=other)
