@@ -32,7 +32,7 @@ class ServerThread:
         self.port = sock.getsockname()[1]
         sock.close()
         cfg = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
-                             timeout_graceful_shutdown=5)
+                             timeout_graceful_shutdown=3)
         self.server = uvicorn.Server(cfg)
         self.thread = threading.Thread(target=self.server.run, name="test-uvicorn", daemon=True)
 
