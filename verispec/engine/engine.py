@@ -12,12 +12,15 @@ import time
 from dataclasses import dataclass
 
 from verispec.config import EngineConfig
+from verispec.engine import faults
 from verispec.engine.detokenizer import IncrementalDetokenizer
 from verispec.engine.request import Request
 from verispec.engine.scheduler import Scheduler, SpecCounters
 from verispec.engine.setup import EngineParts, build_engine_parts
 from verispec.outputs import CompletionOutput, RequestOutput
 from verispec.sampling_params import SamplingParams
+from verispec.worker.runner import StepResult
+from verispec.worker.token_state import PLACEHOLDER, DeviceTokens
 
 
 @dataclass
@@ -57,6 +60,12 @@ class LLMEngine:
         self.num_steps = 0
         # Draft distributions q for the next step's sampled drafts (empty for point-mass drafts).
         self.pending_draft_probs: dict = {}
+        # Device drafts for the next step (the truth; Request.spec_token_ids is their mirror).
+        self.pending_drafts: DeviceTokens | None = None
+        # The overlapped loop's launched-but-not-collected step.
+        self.inflight = None
+        self.audit_mismatches = 0
+        self.num_audited_steps = 0
 
     # ---- requests --------------------------------------------------------------------------
     def add_request(
@@ -119,31 +128,96 @@ class LLMEngine:
             self.seq_to_group.pop(s.request_id, None)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self.inflight is not None
 
     # ---- the step --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one step; return the current state of every request that changed."""
+        return self._step_async() if self.config.async_scheduling else self._step_sync()
+
+    def _step_sync(self) -> list[RequestOutput]:
+        sched = self._schedule()
+        if not sched.scheduled:
+            return []
+        handle = self.runner.launch(sched, self.pending_draft_probs, {})
+        result = self.runner.collect(handle)
+        touched = self._commit(sched, result, optimistic=False)
+        self._after_step(sched, result, handle)
+        return [self._output(g) for g in touched.values()]
+
+    def _step_async(self) -> list[RequestOutput]:
+        """Overlapped loop: launch step N, then finish step N-1 on the host while N runs.
+
+        The books of step N are committed optimistically (placeholders, counts only) right after
+        launch; the values arrive when the step is collected one iteration later."""
+        if self._needs_host_values():
+            self._drain()
+        sched = self._schedule()
+        if not sched.scheduled:
+            return self._drain()
+        prev = self.inflight
+        sources = {"out": prev.device_tokens() if prev is not None else None, "draft": self.pending_drafts}
+        handle = self.runner.launch(sched, self.pending_draft_probs, sources)
+        counts = handle.counts() if any(s.num_draft_tokens for s in sched.scheduled) else None
+        self._commit_optimistic(handle, counts)
+        outputs = self._drain_handle(prev) if prev is not None else []
+        self.inflight = handle
+        if self.proposer is not None:
+            if self.proposer.needs_host_tokens:
+                outputs += self._drain()
+            self._propose(sched, handle, {"out": handle.device_tokens()})
+        return outputs
+
+    def _needs_host_values(self) -> bool:
+        """Penalties read token values on the host: such steps wait for the values first."""
+        return self.inflight is not None and any(r.params.needs_penalties for r in self.scheduler.running)
+
+    def _drain(self) -> list[RequestOutput]:
+        handle, self.inflight = self.inflight, None
+        return self._drain_handle(handle) if handle is not None else []
+
+    def _drain_handle(self, handle) -> list[RequestOutput]:
+        result = self.runner.collect(handle)
+        touched = self._commit(handle.sched, result, optimistic=True)
+        return [self._output(g) for g in touched.values()]
+
+    def _schedule(self):
         sched = self.scheduler.schedule()
         for r in sched.preempted:
             if self.proposer is not None:
                 self.proposer.free_request(r.request_id)
-        if not sched.scheduled:
-            return []
-        result = self.runner.execute(sched, self.pending_draft_probs)
-        self.num_steps += 1
+        if sched.scheduled:
+            self.num_steps += 1
+        return sched
+
+    def _commit_optimistic(self, handle, counts: list[int] | None) -> None:
+        """Advance the books of a launched step: lengths now, values later (PLACEHOLDER)."""
+        sampled = {s.request.request_id: i for i, (s, _) in enumerate(handle.sampling)}
+        for s in handle.sched.scheduled:
+            req = s.request
+            i = sampled.get(req.request_id)
+            n = None if i is None else (counts[i] if counts is not None else 1)
+            self.scheduler.commit(s, None if n is None else [PLACEHOLDER] * n, publish=False)
+
+    def _commit(self, sched, result, optimistic: bool) -> dict:
+        """Apply host values to the books: finalize tokens, count acceptance, detokenize, stop."""
         touched: dict[str, _Group] = {}
         for s in sched.scheduled:
             req = s.request
+            g = self.seq_to_group.get(req.request_id)
+            if g is None or req.is_finished:
+                continue  # finished (or aborted) while this step was in flight: discard
             sampled = result.sampled.get(req.request_id)
-            n_before = len(req.output_token_ids)
-            num_accepted = self.scheduler.commit(s, sampled)
+            if optimistic:
+                new = self.scheduler.resolve(s, sampled)
+            else:
+                n_before = len(req.output_token_ids)
+                self.scheduler.commit(s, sampled)
+                new = req.output_token_ids[n_before:]
             if sampled is not None:
-                self._count_acceptance(req, s.num_draft_tokens, num_accepted)
+                self._count_acceptance(req, s.num_draft_tokens, len(sampled) - 1)
                 if req.request_id in result.logprobs:
-                    req.logprobs.extend(result.logprobs[req.request_id][: len(req.output_token_ids) - n_before])
-            g = self.seq_to_group[req.request_id]
-            new = req.output_token_ids[n_before:]
+                    req.logprobs.extend(result.logprobs[req.request_id][: len(new)])
             self.num_generation_tokens += len(new)
             if new:
                 g.first_token_time = g.first_token_time or time.monotonic()
@@ -154,24 +228,33 @@ class LLMEngine:
             if req.finish_reason is not None and not req.is_finished:
                 self._finish(req, req.finish_reason)
             touched[g.request_id] = g
-        if self.proposer is not None:
-            self.proposer.observe(sched, result)
-            self._propose()
-        return [self._output(g) for g in touched.values()]
+        self.num_audited_steps += result.audited
+        self.audit_mismatches += result.audit_mismatches
+        return touched
 
-    def _propose(self) -> None:
+    def _after_step(self, sched, result, handle) -> None:
+        if self.proposer is not None:
+            self._propose(sched, handle, {})
+
+    def _propose(self, sched, handle, sources) -> None:
+        self.proposer.observe(sched, StepResult(captured=handle.captured, token_offsets=handle.token_offsets))
         ready = [r for r in self.scheduler.running if r.num_computed_tokens == r.num_tokens - 1]
         # Drafters write K/V at the draft positions, so their blocks are reserved now; a request
         # that cannot get them simply goes without drafts this step.
         ready = [r for r in ready if self.scheduler.reserve(r, r.num_tokens + self.proposer.num_drafts_for(r))]
-        proposal = self.proposer.propose(ready)
+        proposal = self.proposer.propose(ready, sources)
+        if not self.config.async_scheduling:
+            proposal.collect_host()
         for r in ready:
             r.spec_token_ids = proposal.token_ids.get(r.request_id, [])
         self.pending_draft_probs = proposal.probs
+        self.pending_drafts = proposal.device
 
     def _count_acceptance(self, req: Request, num_drafts: int, num_accepted: int) -> None:
         if num_drafts == 0:
             return
+        if faults.active("miscount_rejected") and num_accepted < num_drafts:
+            num_accepted += 1  # the bug: the first rejected position counted as accepted
         self.spec.record(num_drafts, num_accepted)
         req.num_draft_tokens += num_drafts
         req.num_accepted_tokens += num_accepted
@@ -232,4 +315,6 @@ class LLMEngine:
             "prefix_cache_queries": self.blocks.num_query_tokens,
             "prefix_cache_hits": self.blocks.num_hit_tokens,
             "num_steps": self.num_steps,
+            "spec_decode_audit_mismatches": self.audit_mismatches,
+            "spec_decode_audited_steps": self.num_audited_steps,
         }

@@ -47,6 +47,8 @@ class Request:
     accepted_per_pos: list[int] = field(default_factory=list)
     logprobs: list[dict[int, float]] = field(default_factory=list)
     cumulative_logprob: float = 0.0
+    # Overlapped loop: the length limit was reached with placeholders; finish once they resolve.
+    pending_stop: bool = False
     parent_id: str | None = None
     index: int = 0
 

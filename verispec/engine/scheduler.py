@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from verispec.engine.kv_blocks import BlockManager
 from verispec.engine.request import Request, Status
+from verispec.worker.token_state import PLACEHOLDER
 
 
 @dataclass
@@ -24,6 +25,7 @@ class ScheduledRequest:
     start: int
     num_new_tokens: int
     num_draft_tokens: int
+    output_base: int = 0  # len(output_token_ids) when launched: index of the first sampled token
 
     @property
     def needs_sample(self) -> bool:
@@ -94,6 +96,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
+            if req.pending_stop:
+                i += 1  # waiting for its last values; nothing more to compute
+                continue
             k = len(req.spec_token_ids)
             num_new = req.num_tokens - req.num_computed_tokens
             k = max(0, min(k, budget - num_new, self.max_model_len - req.num_tokens))
@@ -106,6 +111,8 @@ class Scheduler:
 
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
+            if PLACEHOLDER in req.output_token_ids:
+                break  # preempted while a step was in flight: wait for its values
             if not req.block_ids:
                 hit = self.blocks.lookup_prefix(req.all_token_ids)
                 self.blocks.take_cached(hit)
@@ -131,7 +138,7 @@ class Scheduler:
             out.scheduled.append(ScheduledRequest(req, req.num_computed_tokens, num_new, 0))
             budget -= num_new
         for s in out.scheduled:
-            self.blocks.publish_early(s.request.block_ids, s.request.all_token_ids, s.start + s.num_new_tokens)
+            self.blocks.publish_early(s.request.block_ids, s.request.all_token_ids, s.request.num_tokens)
         return out
 
     def _allocate_or_preempt(self, req: Request, num_tokens: int, out: SchedulerOutput) -> bool:
@@ -163,9 +170,11 @@ class Scheduler:
         return self.blocks.allocate(req.block_ids, num_tokens)
 
     # ---- commit ----------------------------------------------------------------------------
-    def commit(self, s: ScheduledRequest, sampled: list[int] | None) -> int:
+    def commit(self, s: ScheduledRequest, sampled: list[int] | None, publish: bool = True) -> int:
         """Apply a step's result to one request: advance num_computed_tokens (minus rejected
-        drafts), append accepted tokens, publish written blocks. Returns drafts accepted."""
+        drafts), append the emitted tokens, publish written blocks. Returns drafts accepted.
+        The overlapped loop commits PLACEHOLDER tokens (counts known, values not) with
+        publish=False and fills the values in later with resolve()."""
         req = s.request
         if sampled is None:
             req.num_computed_tokens = s.start + s.num_new_tokens
@@ -177,10 +186,60 @@ class Scheduler:
         if sampled is not None:
             for tok in sampled:
                 req.output_token_ids.append(tok)
-                if self._check_stop(req, tok):
+                if tok == PLACEHOLDER:
+                    if self._length_reached(req):
+                        req.pending_stop = True  # finish once the values arrive
+                        break
+                elif self._check_stop(req, tok):
                     break
-        self.blocks.publish(req.block_ids, req.all_token_ids, req.num_computed_tokens)
+        if publish:
+            self.blocks.publish(req.block_ids, req.all_token_ids, req.num_computed_tokens)
         return 0 if sampled is None else len(sampled) - 1
+
+    def resolve(self, s: ScheduledRequest, sampled: list[int] | None) -> list[int]:
+        """Replace a launched step's placeholders with the collected values, check stops in
+        order (dropping anything optimistically appended after a stop), publish written blocks.
+        Returns the tokens that became real."""
+        req = s.request
+        if sampled is None:
+            self.blocks.publish(req.block_ids, req.all_token_ids, min(req.num_computed_tokens, self._known(req)))
+            return []
+        new: list[int] = []
+        out = req.output_token_ids
+        for j, tok in enumerate(sampled):
+            i = s.output_base + j
+            if i >= len(out):
+                break
+            assert out[i] == PLACEHOLDER, "resolving a token that is not a placeholder"
+            out[i] = tok
+            new.append(tok)
+            if self._check_stop_at(req, i):
+                del out[i + 1 :]
+                break
+        if req.finish_reason is None and req.pending_stop and PLACEHOLDER not in out:
+            req.finish_reason = "length"
+        if req.finish_reason is None:
+            self.blocks.publish(req.block_ids, req.all_token_ids, min(req.num_computed_tokens, self._known(req)))
+        return new
+
+    def _known(self, req: Request) -> int:
+        """Leading tokens of the request whose values are on the host."""
+        try:
+            return req.num_prompt_tokens + req.output_token_ids.index(PLACEHOLDER)
+        except ValueError:
+            return req.num_tokens
+
+    def _length_reached(self, req: Request) -> bool:
+        return len(req.output_token_ids) >= req.max_tokens or req.num_tokens >= self.max_model_len
+
+    def _check_stop_at(self, req: Request, i: int) -> bool:
+        """Stop check for output token i (as if it were the last one committed)."""
+        saved = req.output_token_ids[i + 1 :]
+        del req.output_token_ids[i + 1 :]
+        stopped = self._check_stop(req, req.output_token_ids[i])
+        if not stopped:
+            req.output_token_ids.extend(saved)
+        return stopped
 
     def _check_stop(self, req: Request, tok: int) -> bool:
         p = req.params

@@ -136,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     from verispec.bench.main import add_bench_parser
 
     add_bench_parser(sub)
+    from verispec.spec.dflash_train import add_train_parser
+
+    add_train_parser(sub)
     return p
 
 

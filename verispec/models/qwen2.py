@@ -18,6 +18,8 @@ from verispec.models.layers.rotary import RotaryEmbedding
 
 
 class Attention(nn.Module):
+    use_triton = False  # fused KV-cache write kernel for CUDA tensors
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -40,12 +42,19 @@ class Attention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotary(positions, q, k)
-        write_kv(kv_cache, k, v, meta.slot_mapping)
+        if self.use_triton and k.is_cuda:
+            from verispec.kernels.paged_attention import triton_write_kv
+
+            triton_write_kv(kv_cache, k, v, meta.slot_mapping)
+        else:
+            write_kv(kv_cache, k, v, meta.slot_mapping)
         out = attn_fn(q, kv_cache, meta, self.scale)
         return self.o_proj(out.reshape(t, -1))
 
 
 class MLP(nn.Module):
+    use_triton = False  # fused SiLU-and-mul kernel for CUDA tensors
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
@@ -53,6 +62,10 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x):
+        if self.use_triton and x.is_cuda:
+            from verispec.kernels.fused import silu_and_mul
+
+            return self.down_proj(silu_and_mul(self.gate_proj(x), self.up_proj(x)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 

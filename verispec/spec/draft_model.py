@@ -4,7 +4,9 @@ Its KV cache mirrors the target's paging: the same block ids and block size, in 
 so the target's block tables serve both. Per request it keeps `written`: how many leading positions
 hold draft K/V for committed tokens. After verification `written` drops to at most the target's
 num_computed_tokens (rollback = moving a length; positions past it are overwritten later).
-"self" is this proposer with the target model itself (an oracle: greedy acceptance ~100%).
+Drafts stay on the device (Proposal.device); the host gets PLACEHOLDER mirrors, so the overlapped
+loop never waits for draft values. "self" is this proposer with the target model itself (an
+oracle: greedy acceptance ~100%).
 """
 
 from __future__ import annotations
@@ -17,9 +19,12 @@ from verispec.models.qwen2 import CausalLM
 from verispec.spec.proposer import Proposal, Proposer
 from verispec.worker.inputs import SeqChunk, allocate_kv_cache, build_batch
 from verispec.worker.sampler import RowParams, probs_from_logits
+from verispec.worker.token_state import PLACEHOLDER, DeviceTokens, combine_inputs
 
 
 class DraftModelProposer(Proposer):
+    needs_host_tokens = False
+
     def __init__(self, model: CausalLM, num_speculative_tokens: int, device, dtype, seed: int = 0) -> None:
         super().__init__(num_speculative_tokens)
         self.model = model
@@ -45,7 +50,8 @@ class DraftModelProposer(Proposer):
 
     @torch.inference_mode()
     def observe(self, sched: SchedulerOutput, result) -> None:
-        """Keep the draft cache level with the target for requests still in prefill."""
+        """Keep the draft cache level with the target for requests still in prefill (their
+        tokens are prompt tokens, always known on the host)."""
         todo = []
         for s in sched.scheduled:
             req = s.request
@@ -53,51 +59,63 @@ class DraftModelProposer(Proposer):
                 continue
             w = self._written(req)
             if w < req.num_computed_tokens:
-                todo.append((req, req.all_token_ids[w : req.num_computed_tokens], w))
+                todo.append((req, w))
         if todo:
-            self._forward([SeqChunk(t, w, r.block_ids) for r, t, w in todo], last_only=True)
-            for r, _, _ in todo:
+            self._forward_chunks([(r, w, r.num_computed_tokens) for r, w in todo], {})
+            for r, _ in todo:
                 self.written[r.request_id] = r.num_computed_tokens
 
     @torch.inference_mode()
-    def propose(self, requests: list[Request]) -> Proposal:
+    def propose(self, requests: list[Request], sources: dict | None = None) -> Proposal:
         out = Proposal()
         reqs = [r for r in requests if self.num_drafts_for(r) > 0]
         if not reqs:
             return out
-        ks = {r.request_id: self.num_drafts_for(r) for r in reqs}
-        starts = {r.request_id: self._written(r) for r in reqs}
-        chunks = [SeqChunk(r.all_token_ids[starts[r.request_id] :], starts[r.request_id], r.block_ids) for r in reqs]
-        drafts: dict[str, list[int]] = {r.request_id: [] for r in reqs}
+        ks = [self.num_drafts_for(r) for r in reqs]
+        kmax = max(ks)
+        logits = self._forward_chunks([(r, self._written(r), r.num_tokens) for r in reqs], sources or {})
+        drafts = torch.full((len(reqs), kmax), PLACEHOLDER, dtype=torch.long, device=self.device)
         probs: dict[str, list[torch.Tensor]] = {r.request_id: [] for r in reqs}
-        active = list(reqs)
-        for step in range(max(ks.values())):
-            logits = self._forward(chunks, last_only=True)
-            toks = self._sample(active, logits, probs)
-            nxt_reqs, nxt_chunks = [], []
-            for r, t in zip(active, toks, strict=True):
-                drafts[r.request_id].append(t)
-                pos = r.num_tokens + step
-                self.written[r.request_id] = pos  # K/V now written for positions < pos
-                if len(drafts[r.request_id]) < ks[r.request_id]:
-                    nxt_reqs.append(r)
-                    nxt_chunks.append(SeqChunk([t], pos, r.block_ids))
-            active, chunks = nxt_reqs, nxt_chunks
-            if not active:
+        active = list(range(len(reqs)))
+        for step in range(kmax):
+            toks = self._sample([reqs[i] for i in active], logits, probs)  # device [len(active)]
+            drafts[torch.tensor(active, device=self.device), step] = toks
+            nxt = []
+            for j, i in enumerate(active):
+                self.written[reqs[i].request_id] = reqs[i].num_tokens + step
+                if step + 1 < ks[i]:
+                    nxt.append((i, j))
+            if not nxt:
                 break
-        out.token_ids = drafts
+            active = [i for i, _ in nxt]
+            sel = torch.tensor([j for _, j in nxt], device=self.device)
+            chunks = [SeqChunk([0], reqs[i].num_tokens + step, reqs[i].block_ids) for i in active]
+            logits = self._forward(chunks, toks[sel])
+        out.device = DeviceTokens(drafts, {r.request_id: i for i, r in enumerate(reqs)}, {r.request_id: 0 for r in reqs})
+        out.token_ids = {r.request_id: [PLACEHOLDER] * k for r, k in zip(reqs, ks, strict=True)}
         out.probs = {rid: torch.stack(p) for rid, p in probs.items() if p}
         return out
 
-    def _forward(self, chunks: list[SeqChunk], last_only: bool) -> torch.Tensor:
-        ids, pos, meta = build_batch(chunks, self.block_size, self.device)
-        hidden, _ = self.model(ids, pos, meta, self.kv_caches)
+    def _forward_chunks(self, items: list[tuple[Request, int, int]], sources: dict) -> torch.Tensor:
+        """Forward tokens [start, end) of each request (placeholders combined on the device)."""
+        host_ids, owners, chunks = [], [], []
+        for r, start, end in items:
+            ids = r.all_token_ids[start:end]
+            host_ids.extend(ids)
+            owners.extend((r.request_id, "out", pos - r.num_prompt_tokens) for pos in range(start, end))
+            chunks.append(SeqChunk(ids, start, r.block_ids))
+        return self._forward(chunks, combine_inputs(host_ids, owners, sources, self.device))
+
+    def _forward(self, chunks: list[SeqChunk], input_ids: torch.Tensor) -> torch.Tensor:
+        _, pos, meta = build_batch(chunks, self.block_size, self.device, token_ids=False)
+        hidden, _ = self.model(input_ids, pos, meta, self.kv_caches)
         last = meta.query_start_loc[1:].long() - 1
         return self.model.compute_logits(hidden[last])
 
-    def _sample(self, reqs: list[Request], logits: torch.Tensor, probs: dict) -> list[int]:
+    def _sample(self, reqs: list[Request], logits: torch.Tensor, probs: dict) -> torch.Tensor:
+        toks = logits.argmax(-1)
         if all(r.params.greedy for r in reqs):
-            return logits.argmax(-1).tolist()
+            return toks
         vocab = logits.shape[-1]
         dev = logits.device
         rp = RowParams(
@@ -109,10 +127,8 @@ class DraftModelProposer(Proposer):
             need_min_p=any(r.params.min_p > 0 for r in reqs),
         )
         p = probs_from_logits(logits, rp)
-        toks = []
         for i, r in enumerate(reqs):
             if r.params.greedy:
-                toks.append(int(logits[i].argmax()))
                 continue
             g = self.generators.get(r.request_id)
             if g is None:
@@ -120,6 +136,6 @@ class DraftModelProposer(Proposer):
                 base = r.params.seed if r.params.seed is not None else self.seed * 1_000_003 + r.arrival
                 g.manual_seed((base * 7919 + 17) & (2**62 - 1))
                 self.generators[r.request_id] = g
-            toks.append(int(torch.multinomial(p[i], 1, generator=g)[0]))
+            toks[i] = torch.multinomial(p[i], 1, generator=g)[0]
             probs[r.request_id].append(p[i])
         return toks

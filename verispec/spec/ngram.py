@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from verispec.engine.request import Request
 from verispec.spec.proposer import Proposal, Proposer
+from verispec.worker.token_state import check_fresh
 
 
 def ngram_lookup(tokens: list[int], k: int, n_min: int, n_max: int) -> list[int]:
@@ -26,10 +27,11 @@ class NgramProposer(Proposer):
         super().__init__(num_speculative_tokens)
         self.n_min, self.n_max = n_min, n_max
 
-    def propose(self, requests: list[Request]) -> Proposal:
+    def propose(self, requests: list[Request], sources: dict | None = None) -> Proposal:
         out = Proposal()
         for req in requests:
             k = self.num_drafts_for(req)
             if k > 0:
-                out.token_ids[req.request_id] = ngram_lookup(req.all_token_ids, k, self.n_min, self.n_max)
+                tokens = check_fresh(req.all_token_ids, "all_token_ids (ngram lookup)")
+                out.token_ids[req.request_id] = ngram_lookup(tokens, k, self.n_min, self.n_max)
         return out

@@ -17,14 +17,29 @@ import torch
 
 from verispec.engine.request import Request
 from verispec.engine.scheduler import SchedulerOutput
+from verispec.worker.token_state import DeviceTokens
 
 
 @dataclass
 class Proposal:
-    """Drafts per request id, and (for sampled drafts) the draft distributions q [k, V]."""
+    """Drafts per request id, and (for sampled drafts) the draft distributions q [k, V].
+
+    Device proposers (draft models) fill `device` (the truth) and leave `token_ids` as host
+    mirrors holding PLACEHOLDERs until collect_host() copies the values back.
+    """
 
     token_ids: dict[str, list[int]] = field(default_factory=dict)
     probs: dict[str, torch.Tensor] = field(default_factory=dict)
+    device: DeviceTokens | None = None
+
+    def collect_host(self) -> None:
+        """Fill the host mirror from the device drafts (a device->host sync)."""
+        if self.device is None:
+            return
+        values = self.device.values.tolist()
+        for rid, row in self.device.rows_by_id.items():
+            k = len(self.token_ids[rid])
+            self.token_ids[rid] = values[row][:k]
 
 
 class Proposer:
@@ -32,6 +47,9 @@ class Proposer:
 
     #: Target layers whose hidden states the proposer reads (empty: none).
     capture_layers: tuple[int, ...] = ()
+    #: True when drafting reads token values on the host (ngram): the overlapped loop must then
+    #: collect the step before proposing. Device proposers read placeholders through `sources`.
+    needs_host_tokens: bool = True
 
     def __init__(self, num_speculative_tokens: int) -> None:
         self.k = num_speculative_tokens
@@ -46,7 +64,9 @@ class Proposer:
     def observe(self, sched: SchedulerOutput, result) -> None:  # noqa: B027 - optional hook
         """See the target's step (tokens computed, hidden states captured)."""
 
-    def propose(self, requests: list[Request]) -> Proposal:
+    def propose(self, requests: list[Request], sources: dict | None = None) -> Proposal:
+        """Draft for each request. sources: device buffers (token_state.DeviceTokens) holding the
+        values of any PLACEHOLDER in the requests' tokens."""
         raise NotImplementedError
 
     def free_request(self, request_id: str) -> None:  # noqa: B027 - optional hook

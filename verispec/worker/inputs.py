@@ -19,9 +19,17 @@ class SeqChunk:
 
 
 def build_batch(
-    chunks: list[SeqChunk], block_size: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-    """Flat input ids and positions plus attention metadata (host work, one copy to device)."""
+    chunks: list[SeqChunk],
+    block_size: int,
+    device: torch.device,
+    with_reference: bool = True,
+    token_ids: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor, AttentionMetadata]:
+    """Flat input ids and positions plus attention metadata (host work, one copy to device).
+    token_ids=False skips the ids (the caller combines them on the device).
+
+    with_reference=False skips the padded gather indices / mask that only reference_attention
+    reads (the Triton backend reads query_start_loc, seq_lens and block_tables)."""
     ids: list[int] = []
     pos: list[int] = []
     slots: list[int] = []
@@ -48,9 +56,10 @@ def build_batch(
         block_tables=bt.to(device, non_blocking=True),
         max_query_len=max(query_lens),
         max_seq_len=max(seq_lens),
-        **build_reference_indices(query_lens, seq_lens, tables, block_size, device),
+        block_size=block_size,
+        **(build_reference_indices(query_lens, seq_lens, tables, block_size, device) if with_reference else {}),
     )
-    input_ids = torch.tensor(ids, dtype=torch.long).to(device, non_blocking=True)
+    input_ids = torch.tensor(ids, dtype=torch.long).to(device, non_blocking=True) if token_ids else None
     positions = torch.tensor(pos, dtype=torch.long).to(device, non_blocking=True)
     return input_ids, positions, meta
 

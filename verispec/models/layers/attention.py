@@ -26,6 +26,7 @@ class AttentionMetadata:
     block_tables: torch.Tensor  # [B, max_blocks] int32
     max_query_len: int
     max_seq_len: int
+    block_size: int | None = None  # tokens per KV block (engine constant; Triton backend needs it)
     # Reference backend only: padded gather indices and the mask (see build_reference_indices).
     kv_gather_idx: torch.Tensor | None = None  # [B, L] long slots (padding -> 0)
     q_pad_idx: torch.Tensor | None = None  # [B, Q] long token index (padding -> T, a zero row)

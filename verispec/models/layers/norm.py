@@ -7,7 +7,9 @@ from torch import nn
 
 
 class RMSNorm(nn.Module):
-    """y = x / rms(x) * weight, computed in float32."""
+    """y = x / rms(x) * weight, computed in float32. use_triton: fused kernel for CUDA tensors."""
+
+    use_triton = False
 
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
@@ -16,6 +18,10 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """Without residual: norm(x). With residual: (norm(x + residual), x + residual)."""
+        if self.use_triton and x.is_cuda:
+            from verispec.kernels.fused import rms_norm
+
+            return rms_norm(x, self.weight, self.eps, residual)
         if residual is not None:
             x = x + residual
             residual = x

@@ -1,0 +1,132 @@
+"""`verispec bench spec`: speculative decoding methods against no speculation, on HumanEval prompts.
+
+For each batch size and method (none, ngram, self, draft_model), greedy generation of `output_len` tokens per
+prompt (no EOS stop), all prompts submitted at once with max_num_seqs = batch size. Greedy speculation is
+lossless, so every method's tokens must equal no speculation's at the same batch size; mismatches are counted,
+not fatal (bf16 on a GPU may flip a near-tie between batch shapes).
+
+Row keys: method, batch_size, k, num_prompts, output_tokens, wall_s, tok_s, speedup (over none at the same
+batch size), acceptance_rate, mean_acceptance_length (1 + accepted / drafts), acceptance_per_pos (k fractions
+of drafts accepted at each position), num_drafts, mismatches (prompts whose tokens differ from none's),
+first_mismatch (earliest differing token index, or None), mem_frac, flop_frac, hw_frac, hw_bound.
+Peer rows (batch 1): peer, tok_s, output_tokens, ratio (verispec's matching method / peer), mismatches
+(against verispec's none at batch 1), or error.
+"""
+
+from __future__ import annotations
+
+from verispec.bench.common import BenchModel, drive, greedy, load_draft, make_engine, release
+from verispec.bench.hardware import hardware_use, useful_flops
+from verispec.bench.prompts import dataset_prompts, random_prompts
+from verispec.bench.report import Column
+
+COLUMNS: list[Column] = [
+    ("method", "method", "s"), ("batch_size", "batch", "d"), ("tok_s", "tok/s", ".1f"),
+    ("speedup", "speedup", ".2f"), ("acceptance_rate", "accept", ".3f"),
+    ("mean_acceptance_length", "acc len", ".2f"), ("acceptance_per_pos", "per position", ".2f"),
+    ("mismatches", "mismatch", "d"), ("hw", "hw%", "s"),
+]
+PEER_COLUMNS: list[Column] = [
+    ("peer", "peer", "s"), ("tok_s", "tok/s", ".1f"), ("ratio", "verispec/peer", ".2f"),
+    ("mismatches", "mismatch", "d"),
+]
+METHODS = ("none", "ngram", "self", "draft_model")
+# Which verispec method each HF peer is compared with.
+PEER_MATCH = {"hf eager": "none", "hf static+compile": "none", "hf assisted": "draft_model",
+              "hf prompt lookup": "ngram"}
+
+
+def spec_config(method: str, k: int, draft_model: str | None) -> dict | None:
+    """The speculative_config dict of a bench method name."""
+    if method == "none":
+        return None
+    if method == "draft_model":
+        if not draft_model:
+            raise ValueError("method draft_model needs --draft-model")
+        return {"method": "draft_model", "model": draft_model, "num_speculative_tokens": k}
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}: one of {', '.join(METHODS)}")
+    return {"method": method, "num_speculative_tokens": k}
+
+
+def _diff(a: list[list[int]], b: list[list[int]]) -> tuple[int, int | None]:
+    """(prompts whose tokens differ, earliest differing index over them)."""
+    firsts = []
+    for x, y in zip(a, b, strict=True):
+        if x != y:
+            firsts.append(next((i for i, (s, t) in enumerate(zip(x, y, strict=False)) if s != t), min(len(x), len(y))))
+    return len(firsts), min(firsts) if firsts else None
+
+
+def _row(bm: BenchModel, method: str, b: int, k: int, run) -> dict:
+    n_out = sum(len(o) for o in run.outputs)
+    flops = useful_flops(bm.config, zip(run.prompt_lens, (len(o) for o in run.outputs), strict=True))
+    sp = run.spec
+    row = {"method": method, "batch_size": b, "k": k if method != "none" else 0, "num_prompts": len(run.outputs),
+           "output_tokens": n_out, "wall_s": run.wall_s, "tok_s": n_out / run.wall_s, "num_drafts": sp["num_drafts"],
+           **hardware_use(bm.config, bm.elem_bytes, run.steps, run.wall_s, flops)}
+    if method != "none":
+        d = max(sp["num_drafts"], 1)
+        per = (sp["accepted_per_pos"] + [0] * k)[:k]
+        row.update(acceptance_rate=sp["num_accepted_tokens"] / max(sp["num_draft_tokens"], 1),
+                   mean_acceptance_length=1 + sp["num_accepted_tokens"] / d,
+                   acceptance_per_pos=[a / d for a in per])
+    return row
+
+
+def run_spec(bm: BenchModel, methods: list[str], batch_sizes: list[int], output_len: int = 256, k: int = 4,
+             draft_model: str | None = None, prompts_file: str | None = None, num_prompts: int = 16,
+             peer: str | None = None, compile_peer: bool = True, draft_overrides: dict | None = None) -> dict:
+    """Run every (batch size, method); returns {"rows", "peers", "prompts"}."""
+    if bm.has_tokenizer or prompts_file:
+        ps = dataset_prompts(prompts_file, num_prompts, output_len)
+        source = prompts_file or "humaneval"
+    else:  # random weights without the tokenizer: HumanEval text cannot be encoded
+        ps = random_prompts(num_prompts, 128, output_len, bm.config.vocab_size, bm.setup.seed)
+        source = "random token ids (no tokenizer here)"
+    ids = [bm.encode(p) for p in ps]
+    methods = ["none"] + [m for m in methods if m != "none"]
+    draft = load_draft(bm, draft_model, draft_overrides) if draft_model and "draft_model" in methods else None
+    rows: list[dict] = []
+    outputs: dict[tuple[str, int], list[list[int]]] = {}
+    for b in batch_sizes:
+        for method in methods:
+            engine = make_engine(bm, spec_config(method, k, draft_model), b, ids, [output_len] * len(ids), draft)
+            drive(engine, ids[:b], [greedy(8)] * min(b, len(ids)), bm.device)  # warm-up
+            run = drive(engine, ids, [greedy(output_len)] * len(ids), bm.device)
+            release(engine)
+            row = _row(bm, method, b, k, run)
+            outputs[(method, b)] = run.outputs
+            base = outputs[("none", b)]
+            row["mismatches"], row["first_mismatch"] = _diff(run.outputs, base)
+            row["speedup"] = row["tok_s"] / next(r["tok_s"] for r in rows + [row]
+                                                   if r["method"] == "none" and r["batch_size"] == b)
+            if method == "none" and b != batch_sizes[0]:
+                row["mismatches_vs_first_batch_size"] = _diff(run.outputs, outputs[("none", batch_sizes[0])])[0]
+            rows.append(row)
+            print(f"  {method:12} batch {b:3}: {row['tok_s']:9.1f} tok/s, {row['mismatches']} mismatches", flush=True)
+    peers = []
+    if peer == "hf":
+        peers = _hf_rows(bm, ids, output_len, k, draft, compile_peer, rows, outputs.get(("none", 1)))
+    return {"rows": rows, "peers": peers, "prompts": source}
+
+
+def _hf_rows(bm: BenchModel, ids: list[list[int]], output_len: int, k: int, draft: tuple | None,
+             compile_peer: bool, rows: list[dict], ref: list[list[int]] | None) -> list[dict]:
+    from verispec.bench.peers import hf_model, hf_modes, hf_sequential
+
+    hf = hf_model(bm.model)
+    assistant = hf_model(draft[2]) if draft is not None else None
+    modes = hf_modes(compile_peer) + (["hf assisted"] if assistant is not None else []) + ["hf prompt lookup"]
+    out = []
+    for mode in modes:
+        r = hf_sequential(hf, ids, output_len, mode, k=k, assistant=assistant)
+        if "error" not in r:
+            ours = next((x for x in rows if x["method"] == PEER_MATCH[mode] and x["batch_size"] == 1), None)
+            r["ratio"] = ours["tok_s"] / r["tok_s"] if ours else None
+            r["compared_with"] = PEER_MATCH[mode]
+            if ref is not None:
+                r["mismatches"], r["first_mismatch"] = _diff(r["outputs"], ref)
+        out.append(r)
+        print(f"  {mode:18} batch   1: {r.get('tok_s', 0):9.1f} tok/s {r.get('error', '')}", flush=True)
+    return out

@@ -1,0 +1,166 @@
+"""Fused Triton kernels for the elementwise parts of a decoder layer, with their torch references.
+
+  * rms_norm(x, weight, eps, residual=None): RMSNorm, optionally fused with the residual add;
+    same rounding as RMSNorm.forward (the sum is rounded to x.dtype before it is normalized).
+  * rotary_(positions, q, k, cos, sin): NeoX rotate-half rotary, in place on q and k.
+  * silu_and_mul(gate, up): SiLU(gate) * up in one pass (float32 math, one rounding).
+
+enable_triton(model) switches a CausalLM to these kernels plus triton_attention / triton_write_kv.
+The modules only take the kernel path for CUDA tensors, so CPU behaviour never changes.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, rout_ptr, n_cols, eps,
+                     HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.arange(0, BLOCK)
+    ok = c < n_cols
+    x = tl.load(x_ptr + row * n_cols + c, mask=ok, other=0.0)
+    if HAS_RES:
+        x = (x.to(tl.float32) + tl.load(r_ptr + row * n_cols + c, mask=ok, other=0.0).to(tl.float32)).to(x.dtype)
+        tl.store(rout_ptr + row * n_cols + c, x, mask=ok)
+    xf = x.to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / n_cols + eps)
+    w = tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * n_cols + c, (xf * inv * w).to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    """Triton RMSNorm over the last dim; with residual returns (norm(x + residual), x + residual)."""
+    shape = x.shape
+    n = shape[-1]
+    x2 = x.reshape(-1, n).contiguous()
+    out = torch.empty_like(x2)
+    if residual is not None:
+        r2 = residual.reshape(-1, n).contiguous()
+        rout = torch.empty_like(x2)
+    else:
+        r2 = rout = x2  # unused
+    if x2.shape[0]:
+        _rms_norm_kernel[(x2.shape[0],)](
+            x2, r2, weight, out, rout, n, eps, HAS_RES=residual is not None,
+            BLOCK=triton.next_power_of_2(n), num_warps=4 if n <= 4096 else 8,
+        )
+    if residual is None:
+        return out.view(shape)
+    return out.view(shape), rout.view(shape)
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    """Torch reference (identical to RMSNorm.forward)."""
+    if residual is not None:
+        x = x + residual
+        residual = x
+    xf = x.float()
+    out = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+    return out if residual is None else (out, residual)
+
+
+@triton.jit
+def _rotate_heads(x_ptr, t, stride_t, stride_h, n_heads, cos, sin, H_PAD: tl.constexpr, HALF: tl.constexpr):
+    h = tl.arange(0, H_PAD)[:, None]
+    d = tl.arange(0, HALF)[None, :]
+    ok = h < n_heads
+    p1 = x_ptr + t * stride_t + h * stride_h + d
+    x1 = tl.load(p1, mask=ok, other=0.0).to(tl.float32)
+    x2 = tl.load(p1 + HALF, mask=ok, other=0.0).to(tl.float32)
+    tl.store(p1, (x1 * cos - x2 * sin).to(x_ptr.dtype.element_ty), mask=ok)
+    tl.store(p1 + HALF, (x2 * cos + x1 * sin).to(x_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _rotary_kernel(pos_ptr, q_ptr, k_ptr, cos_ptr, sin_ptr, stride_qt, stride_qh, stride_kt, stride_kh,
+                   n_q, n_k, QH_PAD: tl.constexpr, KH_PAD: tl.constexpr, HALF: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    p = tl.load(pos_ptr + t).to(tl.int64)
+    d = tl.arange(0, HALF)[None, :]
+    cos = tl.load(cos_ptr + p * HALF + d)
+    sin = tl.load(sin_ptr + p * HALF + d)
+    _rotate_heads(q_ptr, t, stride_qt, stride_qh, n_q, cos, sin, QH_PAD, HALF)
+    _rotate_heads(k_ptr, t, stride_kt, stride_kh, n_k, cos, sin, KH_PAD, HALF)
+
+
+def rotary_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """In-place NeoX rotary on q [T, H, D] and k [T, KH, D]; cos/sin: float32 [max_pos, D/2]."""
+    num_tokens, num_q, head_dim = q.shape
+    assert q.stride(-1) == 1 and k.stride(-1) == 1 and cos.is_contiguous() and sin.is_contiguous()
+    assert cos.dtype == torch.float32 and cos.shape[1] * 2 == head_dim
+    if num_tokens:
+        _rotary_kernel[(num_tokens,)](
+            positions, q, k, cos, sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+            num_q, k.shape[1], QH_PAD=triton.next_power_of_2(num_q),
+            KH_PAD=triton.next_power_of_2(k.shape[1]), HALF=head_dim // 2, num_warps=4,
+        )
+    return q, k
+
+
+def rotary_ref(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """Torch reference (identical to RotaryEmbedding.forward); returns new tensors."""
+    c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+
+    def rot(x: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x.float().chunk(2, dim=-1)
+        return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)
+
+    return rot(q), rot(k)
+
+
+@triton.jit
+def _silu_mul_kernel(g_ptr, u_ptr, out_ptr, n_cols, stride_g, stride_u, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = c < n_cols
+    g = tl.load(g_ptr + row * stride_g + c, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + row * stride_u + c, mask=ok, other=0.0).to(tl.float32)
+    y = g / (1.0 + tl.exp(-g)) * u
+    tl.store(out_ptr + row * n_cols + c, y.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up for [..., N] inputs (last dim contiguous)."""
+    n = gate.shape[-1]
+    g2, u2 = gate.reshape(-1, n), up.reshape(-1, n)
+    if g2.stride(-1) != 1:
+        g2 = g2.contiguous()
+    if u2.stride(-1) != 1:
+        u2 = u2.contiguous()
+    out = torch.empty(g2.shape, dtype=gate.dtype, device=gate.device)
+    block = min(1024, triton.next_power_of_2(n))
+    if g2.shape[0]:
+        _silu_mul_kernel[(g2.shape[0], triton.cdiv(n, block))](
+            g2, u2, out, n, g2.stride(0), u2.stride(0), BLOCK=block, num_warps=4,
+        )
+    return out.view(gate.shape)
+
+
+def silu_and_mul_ref(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """Torch reference (as in MLP.forward)."""
+    return F.silu(gate) * up
+
+
+def enable_triton(model: torch.nn.Module, on: bool = True, attention: bool = True) -> None:
+    """Switch a CausalLM's norms, rotary, MLPs, KV write (and attention) to the Triton kernels.
+
+    The switched modules still use torch for CPU tensors. on=False restores the torch path."""
+    from verispec.kernels.paged_attention import triton_attention
+    from verispec.models.layers.attention import reference_attention
+
+    for m in model.modules():
+        if hasattr(m, "use_triton"):
+            m.use_triton = on
+    if attention:
+        model.attn_fn = triton_attention if on else reference_attention

@@ -1,0 +1,264 @@
+"""Triton paged causal attention (decode, verify, varlen prefill) and the fused KV-cache write.
+
+CUDA-graph contract (read this before capturing a graph around these functions):
+  * Every value that changes from step to step is read by the kernels from device tensors of
+    AttentionMetadata: query_start_loc [B+1], seq_lens [B], block_tables [B, max_blocks] and
+    slot_mapping [T]. Nothing per-step is baked into a launch as a Python int.
+  * The launch itself depends only on shapes and on two Python ints that are fixed for a
+    captured graph: meta.max_query_len (picks the query tile and the grid's query-tile count;
+    a graph must only be replayed for steps whose every sequence has exactly that query length)
+    and meta.block_size (an engine constant). meta.max_seq_len is never used, and the split-K
+    factor depends only on shapes, so a graph replays correctly for any context length.
+  * Sequence b's queries are tokens [query_start_loc[b], query_start_loc[b+1]); query i of a
+    sequence with q_len queries sees context positions [0, seq_len - q_len + i]. A sequence whose
+    query tokens have no visible key (e.g. a padding row with seq_len 0) gets zeros, never NaN.
+  * Tokens whose slot_mapping entry is negative are not written to the cache.
+
+Layout: q [T, H, D]; one layer's cache [2, num_slots, KH, D] with slot = block_id * block_size +
+offset. The H / KH query heads sharing a KV head are packed into one tile with the queries, so
+each program reads its KV head's context once. Accumulation is float32 (online softmax in base 2).
+On a machine without CUDA the kernels run in Triton's interpreter (slow; for tests only).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from verispec.models.layers.attention import AttentionMetadata  # noqa: E402
+
+MAX_SPLITS = 16
+POISON_SCRATCH = False  # tests: fill split-K partial buffers with NaN so unwritten entries show
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+_NUM_SMS: dict[int, int] = {}
+
+
+@triton.jit
+def _attn_tile(q, k_ptr, v_ptr, bt_ptr, start, hi, qpos, d, m_i, l_i, acc, scale_log2, stride_kvs,
+               BLOCK_N: tl.constexpr, PAGE: tl.constexpr, DOT_PREC: tl.constexpr):
+    """One BLOCK_N-key step of the online softmax over keys [start, start + BLOCK_N) ∩ [0, hi)."""
+    n = start + tl.arange(0, BLOCK_N)
+    n_ok = n < hi
+    blk = tl.load(bt_ptr + n // PAGE, mask=n_ok, other=0)
+    slot = blk.to(tl.int64) * PAGE + n % PAGE
+    kt = tl.load(k_ptr + slot[None, :] * stride_kvs + d[:, None], mask=n_ok[None, :], other=0.0)
+    s = tl.dot(q, kt, input_precision=DOT_PREC) * scale_log2
+    s = tl.where(n_ok[None, :] & (n[None, :] <= qpos[:, None]), s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(v_ptr + slot[:, None] * stride_kvs + d[None, :], mask=n_ok[:, None], other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _attn_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, po_ptr, pm_ptr, pl_ptr,
+    qsl_ptr, seq_lens_ptr, bt_ptr,
+    scale_log2, num_tokens,
+    stride_qt, stride_qh, stride_kvs, stride_kvh, stride_ot, stride_oh, stride_bt,
+    NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    DOT_PREC: tl.constexpr, WHILE_LOOP: tl.constexpr,
+):
+    BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    qt = tl.program_id(2) // NUM_SPLITS
+    split = tl.program_id(2) % NUM_SPLITS
+
+    q_start = tl.load(qsl_ptr + b)
+    q_len = tl.load(qsl_ptr + b + 1) - q_start
+    seq_len = tl.load(seq_lens_ptr + b)
+    ctx0 = seq_len - q_len  # context position of the sequence's first query
+
+    r = tl.arange(0, BLOCK_M)
+    qi = qt * BLOCK_Q + r // GROUP_PAD
+    g = r % GROUP_PAD
+    row_ok = (qi < q_len) & (g < GROUP)
+    token = (q_start + qi).to(tl.int64)
+    head = kvh * GROUP + g
+    qpos = ctx0 + qi
+    d = tl.arange(0, HEAD_DIM)
+
+    q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                mask=row_ok[:, None], other=0.0)
+
+    # Keys this tile may see: up to its last query's position; then this split's share of them.
+    last_q = tl.minimum(q_len, (qt + 1) * BLOCK_Q)
+    kv_end = tl.where(qt * BLOCK_Q < q_len, tl.minimum(seq_len, ctx0 + last_q), 0)
+    kv_end = tl.maximum(kv_end, 0)
+    per_split = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    lo = split * per_split
+    hi = tl.minimum(lo + per_split, kv_end)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    k_base = k_ptr + kvh.to(tl.int64) * stride_kvh
+    v_base = v_ptr + kvh.to(tl.int64) * stride_kvh
+    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+    if WHILE_LOOP:  # the interpreter cannot take tensor bounds in range() (numpy 2)
+        start = lo
+        while start < hi:
+            m_i, l_i, acc = _attn_tile(q, k_base, v_base, bt_row, start, hi, qpos, d, m_i, l_i, acc,
+                                       scale_log2, stride_kvs, BLOCK_N, PAGE, DOT_PREC)
+            start += BLOCK_N
+    else:
+        for start in range(lo, hi, BLOCK_N):
+            m_i, l_i, acc = _attn_tile(q, k_base, v_base, bt_row, start, hi, qpos, d, m_i, l_i, acc,
+                                       scale_log2, stride_kvs, BLOCK_N, PAGE, DOT_PREC)
+
+    if NUM_SPLITS == 1:
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        row = (split * num_tokens + token) * NUM_HEADS + head  # partials: [S, T, H, (D)]
+        tl.store(po_ptr + row[:, None] * HEAD_DIM + d[None, :], acc, mask=row_ok[:, None])
+        tl.store(pm_ptr + row, m_i, mask=row_ok)
+        tl.store(pl_ptr + row, l_i, mask=row_ok)
+
+
+@triton.jit
+def _combine_kernel(
+    out_ptr, po_ptr, pm_ptr, pl_ptr, num_tokens, stride_ot, stride_oh,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLIT_PAD: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    s = tl.arange(0, SPLIT_PAD)
+    s_ok = s < NUM_SPLITS
+    row = (s * num_tokens + t) * NUM_HEADS + h
+    m = tl.load(pm_ptr + row, mask=s_ok, other=float("-inf"))
+    lsum = tl.load(pl_ptr + row, mask=s_ok, other=0.0)
+    m_max = tl.max(m, 0)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.exp2(m - m_max)
+    denom = tl.sum(w * lsum, 0)
+    d = tl.arange(0, HEAD_DIM)
+    o = tl.load(po_ptr + row[:, None] * HEAD_DIM + d[None, :], mask=s_ok[:, None], other=0.0)
+    o = tl.sum(o * w[:, None], 0) / tl.where(denom > 0, denom, 1.0)
+    tl.store(out_ptr + t * stride_ot + h * stride_oh + d, o.to(out_ptr.dtype.element_ty))
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _NUM_SMS:
+        _NUM_SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _NUM_SMS[idx]
+
+
+def _tiles(num_heads: int, num_kv_heads: int, max_query_len: int) -> tuple[int, int, int]:
+    """(GROUP_PAD, BLOCK_Q, number of query tiles) for this query length."""
+    group_pad = triton.next_power_of_2(num_heads // num_kv_heads)
+    if max_query_len <= 16:  # decode / verify: all of a sequence's queries in one tile if possible
+        block_q = min(triton.next_power_of_2(max_query_len), max(1, 128 // group_pad))
+    else:  # prefill: 64-row tiles
+        block_q = max(1, 64 // group_pad)
+    block_q = max(block_q, 16 // group_pad, 1)  # tl.dot wants at least 16 rows
+    return group_pad, block_q, triton.cdiv(max_query_len, block_q)
+
+
+def pick_num_splits(num_programs: int, device: torch.device) -> int:
+    """Split-K factor from shapes only (graph-safe): enough programs to fill the GPU."""
+    if num_programs >= _num_sms(device):
+        return 1
+    return min(MAX_SPLITS, triton.cdiv(_num_sms(device), num_programs))
+
+
+def triton_attention(
+    q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+    num_splits: int | None = None, out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Paged causal attention; q: [T, H, D] -> [T, H, D]. Same contract as reference_attention.
+
+    num_splits forces the split-K factor (default: from shapes); out: optional output buffer."""
+    if meta.block_size is None:
+        raise ValueError("triton_attention needs meta.block_size (build_batch fills it)")
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = kv_cache.shape[2]
+    assert num_heads % num_kv_heads == 0 and head_dim in (16, 32, 64, 128, 256)
+    assert kv_cache.stride(-1) == 1 and kv_cache.dtype == q.dtype
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    num_seqs = meta.query_start_loc.shape[0] - 1
+    group_pad, block_q, q_tiles = _tiles(num_heads, num_kv_heads, meta.max_query_len)
+    if num_splits is None:
+        num_splits = pick_num_splits(num_seqs * num_kv_heads * q_tiles, q.device)
+    out = torch.empty_like(q) if out is None else out
+    if num_tokens == 0:
+        return out
+    k_cache, v_cache = kv_cache[0], kv_cache[1]
+    if num_splits > 1:
+        po = torch.empty(num_splits, num_tokens, num_heads, head_dim, dtype=torch.float32, device=q.device)
+        pm = torch.empty(num_splits, num_tokens, num_heads, dtype=torch.float32, device=q.device)
+        pl = torch.empty_like(pm)
+        if POISON_SCRATCH:
+            for t in (po, pm, pl):
+                t.fill_(float("nan"))
+    else:
+        po = pm = pl = out  # unused
+    block_n = 64 if head_dim <= 128 else 32
+    _attn_kernel[(num_seqs, num_kv_heads, q_tiles * num_splits)](
+        q, k_cache, v_cache, out, po, pm, pl,
+        meta.query_start_loc, meta.seq_lens, meta.block_tables,
+        scale * 1.4426950408889634, num_tokens,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1),
+        meta.block_tables.stride(0),
+        NUM_HEADS=num_heads, GROUP=num_heads // num_kv_heads, GROUP_PAD=group_pad, BLOCK_Q=block_q,
+        BLOCK_N=block_n, HEAD_DIM=head_dim, PAGE=meta.block_size, NUM_SPLITS=num_splits,
+        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", WHILE_LOOP=_INTERPRET,
+        num_warps=4, num_stages=2,
+    )
+    if num_splits > 1:
+        _combine_kernel[(num_tokens, num_heads)](
+            out, po, pm, pl, num_tokens, out.stride(0), out.stride(1),
+            NUM_HEADS=num_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
+            SPLIT_PAD=triton.next_power_of_2(num_splits), num_warps=4,
+        )
+    return out
+
+
+@triton.jit
+def _write_kv_kernel(
+    k_ptr, v_ptr, cache_ptr, slot_ptr, stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_c, stride_cs, stride_ch,
+    NUM_KV_HEADS: tl.constexpr, KH_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    h = tl.arange(0, KH_PAD)
+    d = tl.arange(0, HEAD_DIM)
+    ok = (h[:, None] < NUM_KV_HEADS) & (slot >= 0)
+    k = tl.load(k_ptr + t * stride_kt + h[:, None] * stride_kh + d[None, :], mask=ok)
+    v = tl.load(v_ptr + t * stride_vt + h[:, None] * stride_vh + d[None, :], mask=ok)
+    dst = cache_ptr + slot * stride_cs + h[:, None] * stride_ch + d[None, :]
+    tl.store(dst, k, mask=ok)
+    tl.store(dst + stride_c, v, mask=ok)
+
+
+def triton_write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Fused write_kv: K/V [T, KH, D] into their slots in one launch (negative slot = skip)."""
+    num_tokens, num_kv_heads, head_dim = k.shape
+    if num_tokens == 0:
+        return
+    assert k.stride(-1) == 1 and v.stride(-1) == 1 and kv_cache.stride(-1) == 1
+    _write_kv_kernel[(num_tokens,)](
+        k, v, kv_cache, slot_mapping, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
+        NUM_KV_HEADS=num_kv_heads, KH_PAD=triton.next_power_of_2(num_kv_heads), HEAD_DIM=head_dim,
+        num_warps=1 if num_kv_heads * head_dim <= 256 else 4,
+    )

@@ -1,0 +1,263 @@
+"""DFlash proposer: one drafter forward per step drafts a whole block for every ready request.
+
+Context cache. Each drafter layer keeps the K/V of the context (target features of committed
+tokens) in a paged cache that mirrors the target's: slot = block_id * block_size + offset, so the
+target's block tables address it. Per request the proposer keeps `consumed`: positions below it hold
+drafter K/V. observe() consumes the captured target rows of positions < num_computed_tokens it has
+not seen yet; rejected drafts sit at positions >= num_computed_tokens, so they are never consumed
+and rollback needs nothing (positions past `consumed` are overwritten later).
+
+Prefix caching. A position's context K/V depend only on the tokens up to it, so a full block the
+drafter wrote is valid for any request whose prefix (chain hash of token ids) is the same. The
+proposer remembers the chain hash of every block it wrote completely; a request that starts with a
+prefix-cache hit reuses those K/V when all its hit blocks are known, and otherwise drafts from the
+context it computes itself (positions below its first computed token are masked out).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from verispec.engine.request import Request
+from verispec.engine.scheduler import SchedulerOutput
+from verispec.models.qwen2 import CausalLM
+from verispec.spec.dflash_model import DFlashConfig, DFlashDrafter, block_attention_mask, check_fingerprint
+from verispec.spec.proposer import Proposal, Proposer
+from verispec.worker.sampler import RowParams, probs_from_logits
+
+WEIGHTS, CONFIG = "model.safetensors", "config.json"
+
+
+@dataclass
+class _ReqState:
+    consumed: int  # positions < consumed hold drafter context K/V (or are masked: < ctx_start)
+    ctx_start: int  # first position whose context K/V may be attended to
+    written_from: int  # first position this request wrote itself
+    next_block: int = 0  # first block whose chain hash is not computed yet
+    chain: int | None = None  # chain hash of blocks < next_block
+
+
+def save_drafter(drafter: DFlashDrafter, out_dir: str | Path, dtype: torch.dtype = torch.bfloat16) -> str:
+    """Write model.safetensors + config.json; return the sha256 of the weights file."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    sd = {k: v.detach().to("cpu", dtype).contiguous() for k, v in drafter.state_dict().items()}
+    tmp = out / (WEIGHTS + ".tmp")
+    save_file(sd, str(tmp), metadata={"format": "pt", "method": "dflash"})
+    tmp.replace(out / WEIGHTS)
+    (out / CONFIG).write_text(drafter.config.to_json() + "\n")
+    return hashlib.sha256((out / WEIGHTS).read_bytes()).hexdigest()
+
+
+def load_drafter(path: str | Path, device, dtype) -> DFlashDrafter:
+    """Rebuild a drafter from a directory written by save_drafter (weights cast to dtype)."""
+    p = Path(path)
+    if not (p / CONFIG).is_file() or not (p / WEIGHTS).is_file():
+        raise ValueError(f"DFlash drafter {str(path)!r} must be a directory with {CONFIG} and {WEIGHTS}")
+    cfg = DFlashConfig.from_dict(json.loads((p / CONFIG).read_text()))
+    with torch.device(device):
+        drafter = DFlashDrafter(cfg)
+    sd = load_file(str(p / WEIGHTS), device=str(device))
+    missing, unexpected = drafter.load_state_dict(sd, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"DFlash drafter {str(path)!r}: missing weights {missing[:3]}, unexpected {unexpected[:3]}")
+    drafter.requires_grad_(False)
+    return drafter.to(dtype=dtype).eval()
+
+
+def build_dflash_proposer(sc, target: CausalLM, device, dtype, config) -> tuple[DFlashProposer, int]:
+    """Load the drafter named by sc.model, check it belongs to `target`, and build the proposer.
+    Returns (proposer, bytes of drafter context K/V per KV block)."""
+    drafter = load_drafter(sc.model, device, dtype)
+    cfg = drafter.config
+    tc = target.config
+    if cfg.hidden_size != tc.hidden_size or cfg.vocab_size != tc.vocab_size:
+        raise ValueError(
+            f"DFlash drafter {sc.model!r} has hidden size {cfg.hidden_size} and vocabulary {cfg.vocab_size}, "
+            f"the target {tc.hidden_size} and {tc.vocab_size}: it was trained for another model"
+        )
+    check_fingerprint(cfg.target_fingerprint, target, sc.model)
+    if max(cfg.target_layers) >= tc.num_layers or not 0 <= cfg.mask_token_id < tc.vocab_size:
+        raise ValueError(f"DFlash drafter {sc.model!r}: target layers or mask token out of range for this target")
+    prop = DFlashProposer(drafter, target, sc.num_speculative_tokens, device, dtype, config.seed)
+    elem = torch.tensor([], dtype=dtype).element_size()
+    per_block = 2 * cfg.num_layers * config.block_size * cfg.num_kv_heads * cfg.head_dim * elem
+    return prop, per_block
+
+
+class DFlashProposer(Proposer):
+    """Drafts min(k, B-1) tokens per request from one block-parallel drafter forward."""
+
+    def __init__(self, drafter: DFlashDrafter, target: CausalLM, num_speculative_tokens: int, device, dtype,
+                 seed: int = 0) -> None:
+        cfg = drafter.config
+        super().__init__(min(num_speculative_tokens, cfg.block_size - 1))
+        self.drafter, self.target, self.cfg = drafter, target, cfg
+        self.device, self.dtype, self.seed = torch.device(device), dtype, seed
+        self.capture_layers = tuple(cfg.target_layers)
+        self.kv: list[torch.Tensor] = []  # per layer [2, slots, KH, D]
+        self.state: dict[str, _ReqState] = {}
+        self.block_hash: dict[int, int] = {}  # block id -> chain hash of the tokens its K/V were written for
+        self.generators: dict[str, torch.Generator] = {}
+
+    def bind(self, num_blocks: int, block_size: int, max_model_len: int) -> None:
+        super().bind(num_blocks, block_size, max_model_len)
+        c = self.cfg
+        self.kv = [torch.zeros(2, num_blocks * block_size, c.num_kv_heads, c.head_dim, dtype=self.dtype,
+                               device=self.device) for _ in range(c.num_layers)]
+
+    def free_request(self, request_id: str) -> None:
+        self.state.pop(request_id, None)
+        self.generators.pop(request_id, None)
+
+    def consumed(self, request_id: str) -> int | None:
+        """Positions of the request whose context the drafter holds (None: unknown request)."""
+        st = self.state.get(request_id)
+        return None if st is None else st.consumed
+
+    # ---- context ---------------------------------------------------------------------------
+    def _block_chain(self, req: Request, i: int, parent: int | None) -> int:
+        bs = self.block_size
+        return hash((parent, tuple(req.all_token_ids[i * bs : (i + 1) * bs])))
+
+    def _new_state(self, req: Request, start: int) -> _ReqState:
+        """First sight of a request whose first computed position is `start` (> 0 after a prefix hit)."""
+        st = _ReqState(consumed=start, ctx_start=0, written_from=start)
+        bs = self.block_size
+        if start % bs:
+            st.ctx_start = start
+            return st
+        for i in range(start // bs):
+            st.chain = self._block_chain(req, i, st.chain)
+            if self.block_hash.get(req.block_ids[i]) != st.chain:
+                st.ctx_start = start  # some hit block lacks drafter K/V: draft from own context only
+        st.next_block = start // bs
+        return st
+
+    @torch.inference_mode()
+    def observe(self, sched: SchedulerOutput, result) -> None:
+        """Consume the captured target features of newly committed positions."""
+        if not result.captured:
+            return
+        rows: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        bs = self.block_size
+        for s in sched.scheduled:
+            req = s.request
+            if not req.block_ids or req.request_id not in result.token_offsets:
+                continue  # finished this step (its blocks are gone) or not in the batch
+            st = self.state.get(req.request_id)
+            if st is None:
+                st = self.state[req.request_id] = self._new_state(req, s.start)
+            if s.start > st.consumed:  # a gap we cannot fill: restart the context here
+                st = self.state[req.request_id] = _ReqState(s.start, s.start, s.start, 0, None)
+                st.ctx_start = s.start
+            lo, hi = st.consumed, min(req.num_computed_tokens, s.start + s.num_new_tokens)
+            if hi <= lo:
+                continue
+            off = result.token_offsets[req.request_id] - s.start
+            for p in range(lo, hi):
+                bid = req.block_ids[p // bs]
+                if p == lo or p % bs == 0:
+                    self.block_hash.pop(bid, None)  # its K/V change now
+                rows.append(off + p)
+                positions.append(p)
+                slots.append(bid * bs + p % bs)
+            st.consumed = hi
+            while (st.next_block + 1) * bs <= hi:  # blocks now complete: remember what they hold
+                i = st.next_block
+                st.chain = self._block_chain(req, i, st.chain)
+                if i * bs >= st.written_from or st.ctx_start == 0:
+                    self.block_hash[req.block_ids[i]] = st.chain
+                st.next_block += 1
+        if not rows:
+            return
+        dev = self.device
+        r = torch.tensor(rows, dtype=torch.long, device=dev)
+        feats = torch.cat([c[r] for c in result.captured], dim=-1).to(self.dtype)
+        kv = self.drafter.context_kv(feats, torch.tensor(positions, dtype=torch.long, device=dev))
+        sl = torch.tensor(slots, dtype=torch.long, device=dev)
+        for cache, (k, v) in zip(self.kv, kv, strict=True):
+            cache[0].index_copy_(0, sl, k.to(cache.dtype))
+            cache[1].index_copy_(0, sl, v.to(cache.dtype))
+
+    # ---- drafting --------------------------------------------------------------------------
+    @torch.inference_mode()
+    def propose(self, requests: list[Request]) -> Proposal:
+        out = Proposal()
+        todo = []
+        for r in requests:
+            k, st = self.num_drafts_for(r), self.state.get(r.request_id)
+            if k > 0 and st is not None and st.consumed == r.num_tokens - 1:
+                todo.append((r, k, st))
+        if not todo:
+            return out
+        logits = self._draft_logits(todo)  # [R, kmax, V] float32
+        greedy = [(i, r, k) for i, (r, k, _) in enumerate(todo) if r.params.greedy]
+        if greedy:
+            am = logits[[i for i, _, _ in greedy]].argmax(-1).tolist()
+            for (_, r, k), toks in zip(greedy, am, strict=True):
+                out.token_ids[r.request_id] = toks[:k]
+        sampled = [(i, r, k) for i, (r, k, _) in enumerate(todo) if not r.params.greedy]
+        if sampled:
+            self._sample(logits, sampled, out)
+        return out
+
+    def _draft_logits(self, todo: list[tuple[Request, int, _ReqState]]) -> torch.Tensor:
+        cfg, bs, dev = self.cfg, self.block_size, self.device
+        big_b = cfg.block_size
+        ctx_len = max(st.consumed for _, _, st in todo)
+        pos = torch.arange(ctx_len)
+        gather = torch.zeros(len(todo), ctx_len, dtype=torch.long)
+        valid = torch.zeros(len(todo), ctx_len, dtype=torch.bool)
+        for i, (r, _, st) in enumerate(todo):
+            p = pos[: st.consumed]
+            table = torch.tensor(r.block_ids[: -(-st.consumed // bs)], dtype=torch.long)
+            gather[i, : st.consumed] = table[p // bs] * bs + p % bs
+            valid[i, st.ctx_start : st.consumed] = True
+        gather, valid = gather.to(dev, non_blocking=True), valid.to(dev, non_blocking=True)
+        anchors = torch.tensor([[st.consumed] for _, _, st in todo], dtype=torch.long, device=dev)
+        block = torch.full((len(todo), big_b), cfg.mask_token_id, dtype=torch.long)
+        block[:, 0] = torch.tensor([r.all_token_ids[-1] for r, _, _ in todo])
+        block = block.to(dev, non_blocking=True)
+        positions = (anchors + torch.arange(big_b, device=dev)[None, :]).clamp_(max=cfg.max_position_embeddings - 1)
+        ctx_kv = [(c[0][gather], c[1][gather]) for c in self.kv]
+        mask = block_attention_mask(anchors, valid, big_b)
+        hidden = self.drafter(self.target.embed(block).to(self.dtype), positions, ctx_kv, mask)
+        kmax = max(k for _, k, _ in todo)
+        return self.target.compute_logits(hidden[:, 1 : 1 + kmax])
+
+    def _sample(self, logits: torch.Tensor, sampled: list[tuple[int, Request, int]], out: Proposal) -> None:
+        """Each draft j drawn from the drafter's distribution q_j under the request's sampling
+        parameters; q is returned for rejection sampling (any q keeps verification lossless)."""
+        rows = torch.cat([logits[i, :k] for i, _, k in sampled])
+        vocab, dev = rows.shape[-1], rows.device
+        per_row = [r.params for _, r, k in sampled for _ in range(k)]
+        rp = RowParams(
+            temperature=torch.tensor([p.temperature for p in per_row], dtype=torch.float32, device=dev),
+            top_k=torch.tensor([p.top_k if p.top_k > 0 else vocab for p in per_row], device=dev),
+            top_p=torch.tensor([p.top_p for p in per_row], dtype=torch.float32, device=dev),
+            min_p=torch.tensor([p.min_p for p in per_row], dtype=torch.float32, device=dev),
+            need_sort=any(p.top_k > 0 or p.top_p < 1 for p in per_row),
+            need_min_p=any(p.min_p > 0 for p in per_row),
+        )
+        probs = probs_from_logits(rows, rp)
+        r0 = 0
+        for _, r, k in sampled:
+            g = self.generators.get(r.request_id)
+            if g is None:
+                g = torch.Generator(device=self.device)
+                base = r.params.seed if r.params.seed is not None else self.seed * 1_000_003 + r.arrival
+                g.manual_seed((base * 6151 + 29) & (2**62 - 1))
+                self.generators[r.request_id] = g
+            q = probs[r0 : r0 + k]
+            out.token_ids[r.request_id] = torch.multinomial(q, 1, generator=g)[:, 0].tolist()
+            out.probs[r.request_id] = q
+            r0 += k

@@ -1,0 +1,249 @@
+"""The DFlash drafter: a few bidirectional decoder layers conditioned on target hidden states.
+
+Inputs of one drafting block (B tokens at absolute positions p0 .. p0+B-1):
+  * the block's tokens [last accepted token, MASK x (B-1)] through the target's frozen embedding;
+  * context features: the hidden states of `target_layers` of the target at every earlier
+    position (< p0), concatenated, projected by `fc` and normalised by `hidden_norm`. Every drafter
+    layer turns them into extra K/V with its own k_proj / v_proj (no layer norm in between), so a
+    position's context K/V depend only on the target's features there: they can be cached per
+    position and never depend on the block.
+Queries of a block see the context keys before the block and every key of their own block (no
+causal order inside the block). The final hidden states go through the target's frozen lm_head; the
+output at block position j predicts the token at p0 + j (j = 1 .. B-1).
+
+Training packs several blocks per sequence; `block_attention_mask` keeps them apart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from verispec.models.layers.norm import RMSNorm
+from verispec.models.layers.rotary import RotaryEmbedding, _rotate
+from verispec.models.qwen2 import CausalLM
+
+
+@dataclass
+class DFlashConfig:
+    """Everything needed to rebuild a drafter and to check it belongs to its target."""
+
+    target_name: str
+    target_fingerprint: dict  # see target_fingerprint(): shape fields + probe embedding rows
+    target_layers: list[int]
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    block_size: int
+    mask_token_id: int
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 32768
+    loss_gamma: float = 7.0
+    extra: dict = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps({"method": "dflash", **asdict(self)}, indent=2)
+
+    @staticmethod
+    def from_dict(d: dict) -> DFlashConfig:
+        d = {k: v for k, v in d.items() if k != "method"}
+        known = set(DFlashConfig.__dataclass_fields__)
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"DFlash drafter config has unknown keys {sorted(unknown)}")
+        cfg = DFlashConfig(**d)
+        if list(cfg.target_layers) != sorted(set(cfg.target_layers)):
+            raise ValueError(f"target_layers must be strictly increasing, got {cfg.target_layers}")
+        if cfg.block_size < 2:
+            raise ValueError(f"block_size must be >= 2, got {cfg.block_size}")
+        return cfg
+
+
+def default_target_layers(num_target_layers: int, count: int = 5) -> list[int]:
+    """`count` layers spread uniformly from layer 1 to layer L-3 (all layers of a shallow target)."""
+    if num_target_layers <= count:
+        return list(range(num_target_layers))
+    lo, hi = 1, num_target_layers - 3
+    return sorted({round(lo + (hi - lo) * i / (count - 1)) for i in range(count)})
+
+
+def default_gamma(block_size: int) -> float:
+    """Decay of the loss weight over block positions (DFlash uses 7 / 5 / 4 for B = 16 / 10 / 8)."""
+    return {16: 7.0, 10: 5.0, 8: 4.0}.get(block_size, max(1.0, block_size / 2.3))
+
+
+PROBE_ROWS, PROBE_COLS = 8, 32
+
+
+def target_fingerprint(target: CausalLM, name: str = "") -> dict:
+    """A cheap, dtype-robust identity of a target model.
+
+    `shape`: the architecture fields that must match exactly. `probe`: the first PROBE_COLS values of
+    PROBE_ROWS embedding rows spread over the vocabulary, in float32 rounded to 5 decimals (they are
+    compared with a tolerance, so the same checkpoint loaded in bfloat16 or float32 matches, and a
+    different checkpoint of the same shape does not). `sha256` hashes both, for display; `name` is the
+    registry name or path the drafter was trained against (informational only)."""
+    c = target.config
+    shape = dict(
+        arch=c.arch, vocab_size=c.vocab_size, hidden_size=c.hidden_size, num_layers=c.num_layers,
+        num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+        intermediate_size=c.intermediate_size,
+    )
+    ids = [1 + i * (c.vocab_size - 1) // (PROBE_ROWS + 1) for i in range(1, PROBE_ROWS + 1)]
+    with torch.no_grad():
+        rows = target.model.embed_tokens.weight[torch.tensor(ids, device=target.lm_head_weight.device)]
+        probe = [[round(float(x), 5) for x in r] for r in rows[:, :PROBE_COLS].float().cpu()]
+    blob = json.dumps({"shape": shape, "probe": [[round(x, 2) for x in r] for r in probe]}, sort_keys=True)
+    return {"name": name, "shape": shape, "probe_ids": ids, "probe": probe,
+            "sha256": hashlib.sha256(blob.encode()).hexdigest()}
+
+
+def check_fingerprint(saved: dict, target: CausalLM, drafter_path: str) -> None:
+    """Raise ValueError unless `saved` (from a drafter's config) describes `target`."""
+    now = target_fingerprint(target)
+    trained_for = saved.get("name") or "an unnamed target"
+    if saved.get("shape") != now["shape"]:
+        diff = {k: (v, now["shape"].get(k)) for k, v in saved.get("shape", {}).items() if now["shape"].get(k) != v}
+        raise ValueError(
+            f"DFlash drafter {drafter_path!r} was trained for {trained_for} and does not fit this target "
+            f"(drafter vs target: {diff}); train one for this model with `verispec train-drafter`"
+        )
+    a, b = torch.tensor(saved["probe"]), torch.tensor(now["probe"])
+    if a.shape != b.shape or saved.get("probe_ids") != now["probe_ids"]:
+        raise ValueError(f"DFlash drafter {drafter_path!r} has a malformed target fingerprint")
+    tol = 0.02 * a.abs().amax(-1, keepdim=True) + 1e-4
+    if not bool(((a - b).abs() <= tol).all()):
+        raise ValueError(
+            f"DFlash drafter {drafter_path!r} was trained for {trained_for}, a different model with the "
+            f"same shape as this target (embedding fingerprint differs); train one for this model with "
+            f"`verispec train-drafter`"
+        )
+
+
+def block_attention_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Mask [S, A*B, C + A*B] (True = may attend) for A blocks per row.
+
+    anchors: [S, A] long, the absolute position of each block's first token; ctx_valid: [S, C] bool,
+    whether the context key at absolute position c (index c) exists. Block a's queries see context
+    keys at positions < anchors[a] that are valid, and all keys of block a itself (bidirectional);
+    other blocks stay invisible."""
+    s, a = anchors.shape
+    c = ctx_valid.shape[1]
+    pos = torch.arange(c, device=anchors.device)
+    ctx = (pos[None, None, :] < anchors[:, :, None]) & ctx_valid[:, None, :]  # [S, A, C]
+    ctx = ctx.repeat_interleave(block_size, dim=1)  # [S, A*B, C]
+    blk_id = torch.arange(a * block_size, device=anchors.device) // block_size
+    own = (blk_id[:, None] == blk_id[None, :]).expand(s, -1, -1)  # [S, A*B, A*B]
+    return torch.cat([ctx, own], dim=-1)
+
+
+def rope(rotary: RotaryEmbedding, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Rotate x [T, heads, D] to absolute positions [T] (the target's rotate-half layout)."""
+    return _rotate(x, rotary.cos[positions].unsqueeze(1), rotary.sin[positions].unsqueeze(1))
+
+
+class DFlashLayer(nn.Module):
+    """Pre-norm decoder layer; attention keys = injected context K/V + the block's own K/V."""
+
+    def __init__(self, cfg: DFlashConfig) -> None:
+        super().__init__()
+        h, nh, kh, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.nh, self.kh, self.d = nh, kh, d
+        self.q_proj = nn.Linear(h, nh * d, bias=False)
+        self.k_proj = nn.Linear(h, kh * d, bias=False)
+        self.v_proj = nn.Linear(h, kh * d, bias=False)
+        self.o_proj = nn.Linear(nh * d, h, bias=False)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
+        self.gate_proj = nn.Linear(h, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(h, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, h, bias=False)
+
+    def kv(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotated K and V [T, KH, D] of already normalised inputs x [T, H] at positions [T]."""
+        t = x.shape[0]
+        k = self.k_norm(self.k_proj(x).view(t, self.kh, self.d))
+        v = self.v_proj(x).view(t, self.kh, self.d)
+        return rope(rotary, positions, k), v
+
+    def forward(self, x, positions, rotary, ctx_k, ctx_v, mask):
+        """x [S, Q, H], positions [S, Q], ctx_k/ctx_v [S, C, KH, D], mask [S, Q, C+Q] -> [S, Q, H]."""
+        s, q_len, hsz = x.shape
+        h = self.input_layernorm(x).reshape(s * q_len, hsz)
+        flat_pos = positions.reshape(-1)
+        q = self.q_norm(self.q_proj(h).view(s * q_len, self.nh, self.d))
+        k = self.k_norm(self.k_proj(h).view(s * q_len, self.kh, self.d))
+        v = self.v_proj(h).view(s, q_len, self.kh, self.d)
+        q, k = rotary(flat_pos, q, k)
+        q = q.view(s, q_len, self.nh, self.d).transpose(1, 2)
+        keys = torch.cat([ctx_k, k.view(s, q_len, self.kh, self.d)], 1).transpose(1, 2)
+        vals = torch.cat([ctx_v, v], 1).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, keys.to(q.dtype), vals.to(q.dtype), attn_mask=mask[:, None],
+                                             scale=self.d**-0.5, enable_gqa=self.nh != self.kh)
+        x = x + self.o_proj(out.transpose(1, 2).reshape(s, q_len, self.nh * self.d))
+        h = self.post_attention_layernorm(x)
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+class DFlashDrafter(nn.Module):
+    """The drafter's own weights: fc + hidden_norm (context projection), layers, final norm."""
+
+    def __init__(self, cfg: DFlashConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.fc = nn.Linear(len(cfg.target_layers) * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(DFlashLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
+
+    def init_weights(self, seed: int = 0, std: float = 0.02) -> None:
+        """Random init (normal std for projections, output projections scaled by depth)."""
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.fill_(1.0)
+                else:
+                    scale = std / math.sqrt(2 * self.config.num_layers) if name.endswith(("o_proj.weight", "down_proj.weight")) else std
+                    p.copy_(torch.randn(p.shape, generator=g) * scale)
+
+    def context_kv(self, feats: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per drafter layer, the rotated context (K, V) [T, KH, D] of target features [T, n*H]."""
+        ctx = self.hidden_norm(self.fc(feats))
+        return [layer.kv(ctx, positions, self.rotary) for layer in self.layers]
+
+    def forward(self, block_emb, positions, ctx_kv, mask) -> torch.Tensor:
+        """block_emb [S, Q, H], positions [S, Q], ctx_kv per layer ([S, C, KH, D], same), mask
+        [S, Q, C+Q] -> final normalised hidden states [S, Q, H] (feed to the target's lm_head)."""
+        x = block_emb
+        for layer, (k, v) in zip(self.layers, ctx_kv, strict=True):
+            x = layer(x, positions, self.rotary, k, v, mask)
+        return self.norm(x)
+
+
+def new_config(target: CausalLM, name: str, mask_token_id: int, block_size: int = 16, num_layers: int = 2,
+               num_target_layers: int = 5) -> DFlashConfig:
+    """A drafter config sized from the target (same width, heads and MLP as the target's layers)."""
+    c = target.config
+    return DFlashConfig(
+        target_name=name, target_fingerprint=target_fingerprint(target, name),
+        target_layers=default_target_layers(c.num_layers, num_target_layers), hidden_size=c.hidden_size,
+        num_layers=num_layers, num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+        intermediate_size=c.intermediate_size, vocab_size=c.vocab_size, block_size=block_size,
+        mask_token_id=mask_token_id, rope_theta=c.rope_theta, rms_norm_eps=c.rms_norm_eps,
+        max_position_embeddings=c.max_position_embeddings, loss_gamma=default_gamma(block_size),
+    )

@@ -1,0 +1,105 @@
+"""Token ids that live on the device, and their host mirrors.
+
+Rule: the device copy is the source of truth for sampled, accepted and draft token ids. The host
+keeps *mirrors* for the scheduler's books, detokenization, stop checks and host-side proposers.
+
+Host mirrors in this engine, and when each is stale:
+  - Request.output_token_ids: entries equal to PLACEHOLDER stand for tokens that a launched step
+    produced on the device but whose values have not been collected yet. Lifetime: from the
+    step's launch (optimistic commit) until StepHandle.collect() replaces them. Readers: the
+    detokenizer, stop checks, host proposers (ngram) and penalties — only after collect().
+  - Request.spec_token_ids: in the overlapped loop, draft ids proposed on the device are
+    PLACEHOLDER on the host until the draft step is collected. The verifier must read the drafts
+    from DeviceTokens (the device buffer), never from this mirror.
+  - StepHandle.host_*: pinned copies filled by non-blocking copies; valid only after the step's
+    event completed (collect() waits for it). On CPU the copy is synchronous, but the mirror is
+    still *logically* stale until collect(), so CPU tests exercise the same lifetimes as CUDA.
+With VERISPEC_DEBUG_STALE=1, reading a stale mirror through read_mirror() raises StaleMirrorError.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+PLACEHOLDER = -1
+
+
+class StaleMirrorError(RuntimeError):
+    """A host mirror of device token state was read before its values arrived."""
+
+
+def debug_stale() -> bool:
+    return os.environ.get("VERISPEC_DEBUG_STALE") == "1"
+
+
+def check_fresh(ids: list[int], what: str) -> list[int]:
+    """Return ids; with VERISPEC_DEBUG_STALE=1 raise if any entry is still a placeholder."""
+    if debug_stale() and PLACEHOLDER in ids:
+        raise StaleMirrorError(f"read of a stale host mirror: {what} holds placeholders {ids[-8:]}")
+    return ids
+
+
+@dataclass
+class DeviceTokens:
+    """Token ids on the device, addressed by request id (never by batch position).
+
+    values: [R, W] long on the device; row r belongs to rows_by_id' key; base[req_id] is the index
+    (in the request's output, or in its draft list) of column 0.
+    """
+
+    values: torch.Tensor
+    rows_by_id: dict[str, int] = field(default_factory=dict)
+    base: dict[str, int] = field(default_factory=dict)
+
+    def flat_index(self, req_id: str, index: int) -> int | None:
+        row = self.rows_by_id.get(req_id)
+        if row is None:
+            return None
+        col = index - self.base[req_id]
+        if not 0 <= col < self.values.shape[1]:
+            return None
+        return row * self.values.shape[1] + col
+
+
+def combine_inputs(
+    host_ids: list[int],
+    owners: list[tuple[str, str, int] | None],
+    sources: dict[str, DeviceTokens | None],
+    device: torch.device,
+) -> torch.Tensor:
+    """Device input ids for a step: host ids where known, device values where the host holds a
+    PLACEHOLDER. owners[i] = (request id, "out" | "draft", index) for placeholder positions.
+    One host->device copy of the ids and one gather from the device buffers; no device->host sync."""
+    from verispec.engine import faults
+
+    ids = torch.tensor(host_ids, dtype=torch.long)
+    positions, gather = [], []
+    flat_parts, offset, offsets = [], 0, {}
+    for name, src in sources.items():
+        if src is not None:
+            offsets[name] = offset
+            flat_parts.append(src.values.reshape(-1))
+            offset += src.values.numel()
+    for i, tok in enumerate(host_ids):
+        if tok != PLACEHOLDER:
+            continue
+        owner = owners[i]
+        src = sources.get(owner[1]) if owner else None
+        idx = src.flat_index(owner[0], owner[2]) if src is not None else None
+        if idx is None:
+            raise RuntimeError(f"placeholder at input {i} ({owner}) has no device value")
+        positions.append(i)
+        gather.append(offsets[owner[1]] + idx)
+    if faults.active("placeholder_leak"):
+        ids[ids == PLACEHOLDER] = 0  # the bug: a placeholder id reaches the model as a real token
+        return ids.to(device, non_blocking=True)
+    ids_dev = ids.to(device, non_blocking=True)
+    if positions:
+        flat = torch.cat(flat_parts) if len(flat_parts) > 1 else flat_parts[0]
+        pos_t = torch.tensor(positions, dtype=torch.long).to(device, non_blocking=True)
+        src_t = torch.tensor(gather, dtype=torch.long).to(device, non_blocking=True)
+        ids_dev[pos_t] = flat[src_t]
+    return ids_dev
