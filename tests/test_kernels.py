@@ -43,7 +43,7 @@ def make_batch(shapes, block_size, num_kv_heads, head_dim, dtype, device, seed, 
     return meta, kv.to(device=device, dtype=dtype)
 
 
-def run_attention(shapes, heads, kv_heads, head_dim, block_size, device, dtype, seed, splits=(1, 3, None)):
+def run_attention(shapes, heads, kv_heads, head_dim, block_size, device, dtype, seed, splits=(1, 3)):
     meta, kv = make_batch(shapes, block_size, kv_heads, head_dim, dtype, device, seed)
     t = meta.slot_mapping.shape[0]
     q = torch.randn(t, heads, head_dim, generator=torch.Generator().manual_seed(seed + 1)).to(device, dtype)
@@ -64,7 +64,7 @@ def run_attention(shapes, heads, kv_heads, head_dim, block_size, device, dtype, 
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(14, 2, 64), (12, 2, 128), (4, 4, 64)])
 def test_decode(device, dtype, heads, kv_heads, head_dim):
     shapes = [(1, 1), (1, 37), (1, 80), (1, 133), (1, 17)]
-    run_attention(shapes, heads, kv_heads, head_dim, 16, device, dtype, seed=head_dim + heads)
+    run_attention(shapes, heads, kv_heads, head_dim, 16, device, dtype, seed=head_dim + heads, splits=(1, 3, None))
 
 
 @pytest.mark.parametrize("device,dtype", DEVICES)
@@ -78,9 +78,9 @@ def test_verify(device, dtype, k):
 @pytest.mark.parametrize("device,dtype", DEVICES)
 def test_prefill_chunked_and_mixed(device, dtype):
     # Chunked prefill (q_len < seq_len, q_len > 16 -> prefill tiles), a whole prompt, decode and verify rows.
-    shapes = [(37, 90), (23, 23), (1, 51), (5, 66), (19, 20)]
+    shapes = [(21, 60), (17, 17), (1, 51), (5, 40), (19, 20)]
     run_attention(shapes, 6, 2, 64, 16, device, dtype, seed=3)
-    run_attention(shapes[:2], 12, 2, 128, 16, device, dtype, seed=4, splits=(1, 2))
+    run_attention(shapes[:2], 12, 2, 128, 16, device, dtype, seed=4, splits=(2,))
 
 
 @pytest.mark.parametrize("device,dtype", DEVICES)
@@ -173,11 +173,14 @@ def test_silu_and_mul(device, dtype):
 @pytest.mark.parametrize("device,dtype", DEVICES)
 def test_tiny_model_triton_matches_reference(device, dtype):
     """A whole (tiny, random) model: Triton attention + fused kernels vs the torch path."""
-    from tiny import tiny_model
+    from tiny import tiny_config, tiny_model
+
+    from verispec.models.qwen2 import build_model
     from verispec.worker.inputs import allocate_kv_cache
 
-    model = tiny_model().to(device=device, dtype=dtype)
-    cfg = model.config
+    cpu_model = tiny_model(tiny_config(vocab=512))
+    cfg = cpu_model.config
+    model = build_model(cfg, dict(cpu_model.named_parameters()), torch.device(device), dtype)
     chunks = [SeqChunk(list(range(5, 5 + 13)), 0, [3, 0]), SeqChunk([7, 8, 9], 0, [1])]
     outs = []
     for on in (False, True):
@@ -190,4 +193,50 @@ def test_tiny_model_triton_matches_reference(device, dtype):
         h2, _ = model(ids, pos, meta, kv)
         outs.append(torch.cat([h1, h2]).float())
     fused.enable_triton(model, False)
-    torch.testing.assert_close(outs[1], outs[0], **(tol(dtype) if dtype == torch.float32 else dict(atol=5e-2, rtol=5e-2)))
+    if dtype == torch.float32:
+        torch.testing.assert_close(outs[1], outs[0], **tol(dtype))
+    else:
+        assert ((outs[1] - outs[0]).norm() / outs[0].norm()).item() < 2e-2
+
+
+def test_graph_padding_eager_matches_unpadded():
+    """CudaGraphRunner's padded static-buffer forward (capture=False: no CUDA needed) equals the
+    plain forward on the real rows, follows new metadata every call, and only writes the
+    real slots plus the scratch block."""
+    from tiny import tiny_config, tiny_model
+
+    from verispec.kernels.paged_attention import triton_attention
+    from verispec.worker.graphs import CudaGraphRunner
+    from verispec.worker.inputs import allocate_kv_cache
+
+    model = tiny_model(tiny_config(vocab=512))
+    model.attn_fn = triton_attention
+    cfg = model.config
+    kv = allocate_kv_cache(cfg.num_layers, 12, 4, cfg.num_kv_heads, cfg.head_dim, torch.float32, "cpu")
+    for c in kv:
+        c.normal_()
+    runner = CudaGraphRunner(model, kv, max_batch=4, query_lens=(1, 3), block_size=4, max_blocks_per_seq=6,
+                             capture_layers=(0,), with_logits=True, capture=False)
+    assert runner.scratch_block == 11
+    rng = random.Random(9)
+    for n, q in ((3, 3), (1, 1), (2, 3)):
+        perm = list(range(11))
+        rng.shuffle(perm)
+        chunks = []
+        for _ in range(n):
+            sl = rng.randint(q, 9)
+            chunks.append(SeqChunk([rng.randrange(512) for _ in range(q)], sl - q, [perm.pop() for _ in range(-(-sl // 4))]))
+        ids, pos, meta = build_batch(chunks, 4, torch.device("cpu"))
+        before = [c.clone() for c in kv]
+        out = runner.run(ids, pos, meta, n, q)
+        after = [c.clone() for c in kv]
+        for c, b in zip(kv, before, strict=True):
+            c.copy_(b)
+        want, cap = model(ids, pos, meta, kv, (0,))
+        torch.testing.assert_close(out.hidden, want, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(out.captured[0], cap[0], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(out.logits, model.compute_logits(want), atol=1e-3, rtol=1e-4)
+        for c, a in zip(kv, after, strict=True):  # same cache except the scratch block
+            torch.testing.assert_close(a[:, : 11 * 4], c[:, : 11 * 4], atol=1e-5, rtol=1e-5)
+    assert runner.run(ids, pos, meta, n, 2) is None  # no graph for this query length
+    assert runner.run(ids, pos, meta, 5, q) is None  # batch too large

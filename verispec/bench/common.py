@@ -4,6 +4,7 @@ engine's step loop with per-step timing."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import itertools
 import math
@@ -47,6 +48,7 @@ class BenchSetup:
     model_overrides: dict | None = None  # ModelConfig fields to replace (random weights only), e.g. num_layers
     seed: int = 0
     max_num_batched_tokens: int = 2048
+    async_scheduling: bool | None = None  # None: the engine's default (on for CUDA)
 
 
 class TokenIdTokenizer:
@@ -104,14 +106,26 @@ def local_gguf(name: str) -> Path | None:
     return None
 
 
+@functools.cache
+def _gguf_config(path: str) -> ModelConfig:
+    from verispec.loader.gguf import GGUFFile, model_config_from_metadata
+
+    f = GGUFFile(path)
+    return model_config_from_metadata(f.metadata, tensor_names=f.tensors.keys(), source=f.path)
+
+
+@functools.cache
+def _gguf_tokenizer(path: str):
+    from verispec.loader.tokenizer import Tokenizer
+
+    return Tokenizer.from_gguf(path)
+
+
 def shapes_for(name: str, overrides: dict | None = None) -> ModelConfig:
     """The model's exact shapes (from its GGUF metadata when local, else the table), with overrides applied."""
     path = local_gguf(name)
     if path is not None:
-        from verispec.loader.gguf import GGUFFile, model_config_from_metadata
-
-        f = GGUFFile(path)
-        cfg = model_config_from_metadata(f.metadata, tensor_names=f.tensors.keys(), source=f.path)
+        cfg = dataclasses.replace(_gguf_config(str(path)))
     else:
         stem = Path(name).name.removesuffix(".gguf")
         if stem not in REGISTRY_SHAPES:
@@ -145,15 +159,13 @@ def load_bench_model(setup: BenchSetup) -> BenchModel:
     t0 = time.perf_counter()
     device, dtype = resolve_device_dtype(setup.device, setup.dtype)
     if not setup.random_weights:
-        tok, cfg, model = load_model(setup.model, device, dtype)
+        tok, cfg, model = load_model(str(local_gguf(setup.model) or setup.model), device, dtype)
         return BenchModel(setup, tok, cfg, model, device, dtype, time.perf_counter() - t0)
     cfg = shapes_for(setup.model, setup.model_overrides)
     model = random_model(cfg, device, dtype, setup.seed)
     path = local_gguf(setup.model)
     if path is not None:
-        from verispec.loader.tokenizer import Tokenizer
-
-        tok, has = Tokenizer.from_gguf(path), True
+        tok, has = _gguf_tokenizer(str(path)), True
     else:
         tok, has = TokenIdTokenizer(cfg.vocab_size), False
     return BenchModel(setup, tok, cfg, model, device, dtype, time.perf_counter() - t0, has)
@@ -163,7 +175,7 @@ def load_draft(bm: BenchModel, name: str, overrides: dict | None = None) -> tupl
     """(tokenizer, config, model) of a draft model: random weights with the draft's own shapes (plus
     `overrides`) when the target has random weights, else loaded from its file."""
     if not bm.setup.random_weights:
-        return load_model(name, bm.device, bm.dtype)
+        return load_model(str(local_gguf(name) or name), bm.device, bm.dtype)
     cfg = shapes_for(name, overrides)
     return bm.tokenizer, cfg, random_model(cfg, bm.device, bm.dtype, bm.setup.seed + 1)
 
@@ -182,7 +194,8 @@ def make_engine(bm: BenchModel, spec: dict | None, max_num_seqs: int, prompt_ids
     cfg = EngineConfig(
         model=bm.setup.model, device=str(bm.device), dtype=dtype_name, max_num_seqs=max_num_seqs,
         max_model_len=max_len, max_num_batched_tokens=bm.setup.max_num_batched_tokens, block_size=BLOCK_SIZE,
-        num_gpu_blocks=blocks, enable_prefix_caching=False, async_scheduling=bm.device.type == "cuda",
+        num_gpu_blocks=blocks, enable_prefix_caching=False,
+        async_scheduling=bm.device.type == "cuda" if bm.setup.async_scheduling is None else bm.setup.async_scheduling,
         seed=bm.setup.seed, speculative_config=SpeculativeConfig.from_dict(spec),
     )
     from verispec.spec import factory
@@ -196,9 +209,8 @@ def make_engine(bm: BenchModel, spec: dict | None, max_num_seqs: int, prompt_ids
     return LLMEngine(cfg, parts)
 
 
-def release(engine: LLMEngine | None) -> None:
-    """Drop an engine's KV cache (and draft model) before building the next one."""
-    del engine
+def free_memory() -> None:
+    """Return freed GPU memory (a dropped engine's KV cache) to the allocator's pool before the next engine."""
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -236,7 +248,12 @@ def _spec_delta(m0: dict, m1: dict) -> dict:
 
 def drive(engine: LLMEngine, prompt_ids: list[list[int]], params: list[SamplingParams],
           device: torch.device) -> RunResult:
-    """Submit every prompt at once, then step until all finish, timing each step (GPU synchronized)."""
+    """Submit every prompt at once, then step until all finish, timing each step.
+
+    A synchronous engine's steps are timed with the GPU synchronized after each. An async-scheduling engine
+    overlaps step N on the GPU with step N-1's host work, so a sync per step would defeat what it measures:
+    there a step's time is the host's pace (which the GPU bounds in steady state) and only the end syncs."""
+    per_step_sync = not engine.config.async_scheduling
     rids = [f"bench-{next(_ids)}" for _ in prompt_ids]
     index = {r: i for i, r in enumerate(rids)}
     n = len(prompt_ids)
@@ -252,7 +269,8 @@ def drive(engine: LLMEngine, prompt_ids: list[list[int]], params: list[SamplingP
     while engine.has_unfinished_requests():
         ts = time.perf_counter()
         outs = engine.step()
-        sync(device)
+        if per_step_sync:
+            sync(device)
         now = time.perf_counter()
         idle = 0 if outs else idle + 1
         if idle > 1000:
@@ -272,6 +290,7 @@ def drive(engine: LLMEngine, prompt_ids: list[list[int]], params: list[SamplingP
                 e2e[i] = now - t0
         if outs:
             steps.append(StepRecord(now - ts, len(outs), ctx, new, prefill))
+    sync(device)
     wall = time.perf_counter() - t0
     return RunResult(wall, steps, [len(p) for p in prompt_ids], outputs, ttft, e2e,
                      _spec_delta(m0, engine.get_metrics()))

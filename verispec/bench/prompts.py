@@ -80,11 +80,13 @@ def random_prompts(num: int, input_len: int, output_len: int, vocab: int, seed: 
 def nano_vllm_recipe(num_seqs: int = 256, max_input: int = 1024, max_output: int = 1024, vocab: int = 10_001,
                      seed: int = 0) -> list[Prompt]:
     """nano-vllm's throughput workload: random input lengths in [100, max_input] of random token ids in
-    [0, 10000] and random output lengths in [100, max_output], fixed seed."""
+    [0, 10000] and random output lengths in [100, max_output], fixed seed (maxima below 100 shrink the
+    ranges to [max // 2, max], for quick runs)."""
     rng = random.Random(seed)
     hi = min(vocab - 1, 10_000)
-    ids = [[rng.randint(0, hi) for _ in range(rng.randint(100, max_input))] for _ in range(num_seqs)]
-    outs = [rng.randint(100, max_output) for _ in range(num_seqs)]
+    ids = [[rng.randint(0, hi) for _ in range(rng.randint(min(100, max_input // 2), max_input))]
+           for _ in range(num_seqs)]
+    outs = [rng.randint(min(100, max_output // 2), max_output) for _ in range(num_seqs)]
     return [Prompt(None, p, o) for p, o in zip(ids, outs, strict=True)]
 
 

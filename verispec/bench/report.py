@@ -94,9 +94,10 @@ def plot(res: dict, path: str | None) -> str | None:
             pts = [p for p in res["peers"] if p["peer"] == name and "error" not in p and p.get(xkey) is not None]
             ax.plot([p[xkey] for p in pts], [p[ykey] for p in pts], "s--", label=name)
         ref = res.get("reference", {}).get("llamacpp_1.5b_bf16_batched_tok_s") if kind == "throughput" else None
-        if ref and rows:
+        if ref and any("llamacpp_tok_s" in r for r in rows):  # only for the comparable 128 + 256 sweep
             ax.plot([int(k) for k in ref], list(ref.values()), "^:", label="llama.cpp (published)")
         ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
         ax.set_xlabel(xkey.replace("_", " "))
         ax.set_ylabel(ykey.replace("_", " "))
     ax.set_title(f"verispec bench {kind}: {res['model']}", fontsize=9)

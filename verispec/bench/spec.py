@@ -15,7 +15,7 @@ Peer rows (batch 1): peer, tok_s, output_tokens, ratio (verispec's matching meth
 
 from __future__ import annotations
 
-from verispec.bench.common import BenchModel, drive, greedy, load_draft, make_engine, release
+from verispec.bench.common import BenchModel, drive, free_memory, greedy, load_draft, make_engine
 from verispec.bench.hardware import hardware_use, useful_flops
 from verispec.bench.prompts import dataset_prompts, random_prompts
 from verispec.bench.report import Column
@@ -94,7 +94,8 @@ def run_spec(bm: BenchModel, methods: list[str], batch_sizes: list[int], output_
             engine = make_engine(bm, spec_config(method, k, draft_model), b, ids, [output_len] * len(ids), draft)
             drive(engine, ids[:b], [greedy(8)] * min(b, len(ids)), bm.device)  # warm-up
             run = drive(engine, ids, [greedy(output_len)] * len(ids), bm.device)
-            release(engine)
+            del engine
+            free_memory()
             row = _row(bm, method, b, k, run)
             outputs[(method, b)] = run.outputs
             base = outputs[("none", b)]

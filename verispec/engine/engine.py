@@ -238,7 +238,10 @@ class LLMEngine:
 
     def _propose(self, sched, handle, sources) -> None:
         self.proposer.observe(sched, StepResult(captured=handle.captured, token_offsets=handle.token_offsets))
-        ready = [r for r in self.scheduler.running if r.num_computed_tokens == r.num_tokens - 1]
+        ready = [
+            r for r in self.scheduler.running
+            if r.output_token_ids and r.num_computed_tokens == r.num_tokens - 1 and not r.pending_stop
+        ]
         # Drafters write K/V at the draft positions, so their blocks are reserved now; a request
         # that cannot get them simply goes without drafts this step.
         ready = [r for r in ready if self.scheduler.reserve(r, r.num_tokens + self.proposer.num_drafts_for(r))]

@@ -101,7 +101,12 @@ class Scheduler:
                 continue
             k = len(req.spec_token_ids)
             num_new = req.num_tokens - req.num_computed_tokens
-            k = max(0, min(k, budget - num_new, self.max_model_len - req.num_tokens))
+            k = max(0, min(k, self.max_num_batched_tokens - num_new, self.max_model_len - req.num_tokens))
+            if k and num_new + k > budget:
+                # Drafts are never cut to fit the budget: the request waits a step with all of
+                # them, so its draft schedule does not depend on what else is in the batch.
+                i += 1
+                continue
             num_new = min(num_new + k, budget)
             if not self._allocate_or_preempt(req, req.num_computed_tokens + num_new, out):
                 continue  # req itself was preempted; the list shrank

@@ -30,6 +30,7 @@ from verispec.models.qwen2 import CausalLM
 from verispec.spec.dflash_model import DFlashConfig, DFlashDrafter, block_attention_mask, check_fingerprint
 from verispec.spec.proposer import Proposal, Proposer
 from verispec.worker.sampler import RowParams, probs_from_logits
+from verispec.worker.token_state import PLACEHOLDER, DeviceTokens, combine_inputs
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
 
@@ -41,6 +42,7 @@ class _ReqState:
     written_from: int  # first position this request wrote itself
     next_block: int = 0  # first block whose chain hash is not computed yet
     chain: int | None = None  # chain hash of blocks < next_block
+    poisoned: bool = False  # the chain covers a placeholder (async loop): never record it
 
 
 def save_drafter(drafter: DFlashDrafter, out_dir: str | Path, dtype: torch.dtype = torch.bfloat16) -> str:
@@ -92,7 +94,11 @@ def build_dflash_proposer(sc, target: CausalLM, device, dtype, config) -> tuple[
 
 
 class DFlashProposer(Proposer):
-    """Drafts min(k, B-1) tokens per request from one block-parallel drafter forward."""
+    """Drafts min(k, B-1) tokens per request from one block-parallel drafter forward. Drafts stay
+    on the device (Proposal.device); the block's first token is read from the device when the host
+    only holds a placeholder, so the overlapped loop never waits for values."""
+
+    needs_host_tokens = False
 
     def __init__(self, drafter: DFlashDrafter, target: CausalLM, num_speculative_tokens: int, device, dtype,
                  seed: int = 0) -> None:
@@ -174,7 +180,8 @@ class DFlashProposer(Proposer):
             while (st.next_block + 1) * bs <= hi:  # blocks now complete: remember what they hold
                 i = st.next_block
                 st.chain = self._block_chain(req, i, st.chain)
-                if i * bs >= st.written_from or st.ctx_start == 0:
+                st.poisoned = st.poisoned or PLACEHOLDER in req.all_token_ids[i * bs : (i + 1) * bs]
+                if not st.poisoned and (i * bs >= st.written_from or st.ctx_start == 0):
                     self.block_hash[req.block_ids[i]] = st.chain
                 st.next_block += 1
         if not rows:
@@ -190,7 +197,7 @@ class DFlashProposer(Proposer):
 
     # ---- drafting --------------------------------------------------------------------------
     @torch.inference_mode()
-    def propose(self, requests: list[Request]) -> Proposal:
+    def propose(self, requests: list[Request], sources: dict | None = None) -> Proposal:
         out = Proposal()
         todo = []
         for r in requests:
@@ -199,18 +206,17 @@ class DFlashProposer(Proposer):
                 todo.append((r, k, st))
         if not todo:
             return out
-        logits = self._draft_logits(todo)  # [R, kmax, V] float32
-        greedy = [(i, r, k) for i, (r, k, _) in enumerate(todo) if r.params.greedy]
-        if greedy:
-            am = logits[[i for i, _, _ in greedy]].argmax(-1).tolist()
-            for (_, r, k), toks in zip(greedy, am, strict=True):
-                out.token_ids[r.request_id] = toks[:k]
+        logits = self._draft_logits(todo, sources or {})  # [R, kmax, V] float32
+        drafts = logits.argmax(-1)  # [R, kmax] on the device
         sampled = [(i, r, k) for i, (r, k, _) in enumerate(todo) if not r.params.greedy]
         if sampled:
-            self._sample(logits, sampled, out)
+            self._sample(logits, sampled, drafts, out)
+        out.device = DeviceTokens(drafts, {r.request_id: i for i, (r, _, _) in enumerate(todo)},
+                                  {r.request_id: 0 for r, _, _ in todo})
+        out.token_ids = {r.request_id: [PLACEHOLDER] * k for r, k, _ in todo}
         return out
 
-    def _draft_logits(self, todo: list[tuple[Request, int, _ReqState]]) -> torch.Tensor:
+    def _draft_logits(self, todo: list[tuple[Request, int, _ReqState]], sources: dict) -> torch.Tensor:
         cfg, bs, dev = self.cfg, self.block_size, self.device
         big_b = cfg.block_size
         ctx_len = max(st.consumed for _, _, st in todo)
@@ -224,9 +230,10 @@ class DFlashProposer(Proposer):
             valid[i, st.ctx_start : st.consumed] = True
         gather, valid = gather.to(dev, non_blocking=True), valid.to(dev, non_blocking=True)
         anchors = torch.tensor([[st.consumed] for _, _, st in todo], dtype=torch.long, device=dev)
-        block = torch.full((len(todo), big_b), cfg.mask_token_id, dtype=torch.long)
-        block[:, 0] = torch.tensor([r.all_token_ids[-1] for r, _, _ in todo])
-        block = block.to(dev, non_blocking=True)
+        last = [r.all_token_ids[-1] for r, _, _ in todo]
+        owners = [(r.request_id, "out", r.num_tokens - 1 - r.num_prompt_tokens) for r, _, _ in todo]
+        block = torch.full((len(todo), big_b), cfg.mask_token_id, dtype=torch.long, device=dev)
+        block[:, 0] = combine_inputs(last, owners, sources, dev)
         positions = (anchors + torch.arange(big_b, device=dev)[None, :]).clamp_(max=cfg.max_position_embeddings - 1)
         ctx_kv = [(c[0][gather], c[1][gather]) for c in self.kv]
         mask = block_attention_mask(anchors, valid, big_b)
@@ -234,7 +241,8 @@ class DFlashProposer(Proposer):
         kmax = max(k for _, k, _ in todo)
         return self.target.compute_logits(hidden[:, 1 : 1 + kmax])
 
-    def _sample(self, logits: torch.Tensor, sampled: list[tuple[int, Request, int]], out: Proposal) -> None:
+    def _sample(self, logits: torch.Tensor, sampled: list[tuple[int, Request, int]], drafts: torch.Tensor,
+                out: Proposal) -> None:
         """Each draft j drawn from the drafter's distribution q_j under the request's sampling
         parameters; q is returned for rejection sampling (any q keeps verification lossless)."""
         rows = torch.cat([logits[i, :k] for i, _, k in sampled])
@@ -250,7 +258,7 @@ class DFlashProposer(Proposer):
         )
         probs = probs_from_logits(rows, rp)
         r0 = 0
-        for _, r, k in sampled:
+        for i, r, k in sampled:
             g = self.generators.get(r.request_id)
             if g is None:
                 g = torch.Generator(device=self.device)
@@ -258,6 +266,6 @@ class DFlashProposer(Proposer):
                 g.manual_seed((base * 6151 + 29) & (2**62 - 1))
                 self.generators[r.request_id] = g
             q = probs[r0 : r0 + k]
-            out.token_ids[r.request_id] = torch.multinomial(q, 1, generator=g)[:, 0].tolist()
+            drafts[i, :k] = torch.multinomial(q, 1, generator=g)[:, 0]
             out.probs[r.request_id] = q
             r0 += k

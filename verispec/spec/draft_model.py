@@ -18,6 +18,7 @@ from verispec.engine.scheduler import SchedulerOutput
 from verispec.models.qwen2 import CausalLM
 from verispec.spec.proposer import Proposal, Proposer
 from verispec.worker.inputs import SeqChunk, allocate_kv_cache, build_batch
+from verispec.worker.runner import sample_key
 from verispec.worker.sampler import RowParams, probs_from_logits
 from verispec.worker.token_state import PLACEHOLDER, DeviceTokens, combine_inputs
 
@@ -78,7 +79,7 @@ class DraftModelProposer(Proposer):
         probs: dict[str, list[torch.Tensor]] = {r.request_id: [] for r in reqs}
         active = list(range(len(reqs)))
         for step in range(kmax):
-            toks = self._sample([reqs[i] for i in active], logits, probs)  # device [len(active)]
+            toks = self._sample([reqs[i] for i in active], logits, probs, step)  # device [len(active)]
             drafts[torch.tensor(active, device=self.device), step] = toks
             nxt = []
             for j, i in enumerate(active):
@@ -112,7 +113,7 @@ class DraftModelProposer(Proposer):
         last = meta.query_start_loc[1:].long() - 1
         return self.model.compute_logits(hidden[last])
 
-    def _sample(self, reqs: list[Request], logits: torch.Tensor, probs: dict) -> torch.Tensor:
+    def _sample(self, reqs: list[Request], logits: torch.Tensor, probs: dict, step: int) -> torch.Tensor:
         toks = logits.argmax(-1)
         if all(r.params.greedy for r in reqs):
             return toks
@@ -132,10 +133,9 @@ class DraftModelProposer(Proposer):
                 continue
             g = self.generators.get(r.request_id)
             if g is None:
-                g = torch.Generator(device=self.device)
-                base = r.params.seed if r.params.seed is not None else self.seed * 1_000_003 + r.arrival
-                g.manual_seed((base * 7919 + 17) & (2**62 - 1))
-                self.generators[r.request_id] = g
+                g = self.generators[r.request_id] = torch.Generator(device=self.device)
+            # Keyed by the drafted output index, so re-drafting a position draws the same token.
+            g.manual_seed(sample_key(r, self.seed, len(r.output_token_ids) + step, salt=1))
             toks[i] = torch.multinomial(p[i], 1, generator=g)[0]
             probs[r.request_id].append(p[i])
         return toks

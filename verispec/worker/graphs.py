@@ -1,0 +1,180 @@
+"""CUDA graphs for decode / verify steps: capture once at start-up, replay with fresh metadata.
+
+A graph is captured per (padded batch size, query length) for batch sizes 1, 2, 4, ..., max_batch
+and each query length (1 for decode, 1 + k for verify), all into one memory pool, largest first.
+Every replay copies the step's metadata (input ids, positions, slot_mapping, query_start_loc,
+seq_lens, block_tables) into the static buffers the graph reads, so nothing from the capture (or a
+previous step) is stale; the attention backend must be triton_attention, which reads all per-step
+values from those tensors (see verispec/kernels/paged_attention.py for that contract).
+
+Padding rows (real batch n < captured batch b) are dummy sequences of query_len tokens with
+seq_len = query_len, whose block table points only at a reserved scratch block and whose K/V are
+written there. The caller must reserve that block: it is never handed to a request (default: the
+last block of the cache; give the BlockManager num_blocks - 1).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import NamedTuple
+
+import torch
+
+from verispec.models.layers.attention import AttentionMetadata, reference_attention
+from verispec.models.qwen2 import CausalLM
+
+
+class GraphOutput(NamedTuple):
+    """A replay's results for the real tokens. hidden/captured are private copies; logits (only
+    with with_logits) is a view of a static buffer, valid until the next run: index it at once."""
+
+    hidden: torch.Tensor  # [T, hidden]
+    captured: list[torch.Tensor]
+    logits: torch.Tensor | None  # [T, vocab] float32
+
+
+def graph_batch_sizes(max_batch: int) -> list[int]:
+    """1, 2, 4, ... below max_batch, then max_batch itself."""
+    sizes, b = [], 1
+    while b < max_batch:
+        sizes.append(b)
+        b *= 2
+    return sizes + [max_batch]
+
+
+class CudaGraphRunner:
+    """Captured forwards of `model` over `kv_caches` for uniform-query-length batches."""
+
+    def __init__(
+        self,
+        model: CausalLM,
+        kv_caches: list[torch.Tensor],
+        max_batch: int,
+        query_lens: tuple[int, ...] = (1,),
+        block_size: int = 16,
+        max_blocks_per_seq: int = 256,
+        scratch_block: int | None = None,
+        capture_layers: tuple[int, ...] = (),
+        with_logits: bool = False,
+        progress: bool = True,
+        capture: bool = True,
+    ) -> None:
+        """capture=False skips the graphs: run() then executes the same padded forward eagerly
+        (for CPU tests, and to tell padding problems from capture problems)."""
+        if model.attn_fn is reference_attention:
+            raise ValueError("CUDA graphs need model.attn_fn = triton_attention (the reference bakes host indices)")
+        self.model, self.kv_caches = model, kv_caches
+        self.block_size, self.max_blocks = block_size, max_blocks_per_seq
+        self.query_lens = tuple(sorted(set(query_lens)))
+        self.batch_sizes = graph_batch_sizes(max_batch)
+        self.capture_layers, self.with_logits = capture_layers, with_logits
+        num_blocks = kv_caches[0].shape[1] // block_size
+        self.scratch_block = num_blocks - 1 if scratch_block is None else scratch_block
+        dev = kv_caches[0].device
+        max_tokens = max_batch * max(self.query_lens)
+        i32, i64 = dict(dtype=torch.int32, device=dev), dict(dtype=torch.long, device=dev)
+        self.input_ids = torch.zeros(max_tokens, **i64)
+        self.positions = torch.zeros(max_tokens, **i64)
+        self.slot_mapping = torch.zeros(max_tokens, **i64)
+        self.query_start_loc = torch.zeros(max_batch + 1, **i32)
+        self.seq_lens = torch.zeros(max_batch, **i32)
+        self.block_tables = torch.full((max_batch, max_blocks_per_seq), self.scratch_block, **i32)
+        # Per query length: what padding rows hold (token t of a padding row is query t % q).
+        ar = torch.arange(max_tokens, **i64)
+        self._pad_pos = {q: ar % q for q in self.query_lens}
+        self._pad_slot = {q: self.scratch_block * block_size + (ar % q) % block_size for q in self.query_lens}
+        self._qsl = {q: torch.arange(max_batch + 1, **i32) * q for q in self.query_lens}
+        self.logits = (
+            torch.zeros(max_tokens, model.config.vocab_size, dtype=torch.float32, device=dev) if with_logits else None
+        )
+        self.pool = None
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, list[torch.Tensor]]] = {}
+        self.capture_seconds = self._capture_all(progress) if capture else 0.0
+
+    # ---- capture ---------------------------------------------------------------------------
+    def _meta(self, b: int, q: int) -> AttentionMetadata:
+        return AttentionMetadata(
+            slot_mapping=self.slot_mapping[: b * q], query_start_loc=self.query_start_loc[: b + 1],
+            seq_lens=self.seq_lens[:b], block_tables=self.block_tables[:b], max_query_len=q,
+            max_seq_len=self.max_blocks * self.block_size, block_size=self.block_size,
+        )
+
+    def _fill(self, n: int, b: int, q: int) -> None:
+        """Rows n..b-1 (tokens n*q..b*q-1) become padding rows."""
+        t, tp = n * q, b * q
+        self.input_ids[t:tp].zero_()
+        self.positions[t:tp].copy_(self._pad_pos[q][t:tp])
+        self.slot_mapping[t:tp].copy_(self._pad_slot[q][t:tp])
+        self.query_start_loc[n + 1 : b + 1].copy_(self._qsl[q][n + 1 : b + 1])
+        self.seq_lens[n:b].fill_(q)
+        self.block_tables[:b].fill_(self.scratch_block)
+
+    def _forward(self, b: int, q: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        tp = b * q
+        hidden, captured = self.model(
+            self.input_ids[:tp], self.positions[:tp], self._meta(b, q), self.kv_caches, self.capture_layers
+        )
+        if self.logits is not None:
+            self.logits[:tp].copy_(self.model.compute_logits(hidden))
+        return hidden, captured
+
+    @torch.inference_mode()
+    def _capture_all(self, progress: bool) -> float:
+        from tqdm import tqdm
+
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        self.pool = torch.cuda.graph_pool_handle()
+        shapes = sorted(((b, q) for q in self.query_lens for b in self.batch_sizes), key=lambda s: -s[0] * s[1])
+        for b, q in tqdm(shapes, desc="capturing CUDA graphs", disable=not progress):
+            self.query_start_loc[0] = 0
+            self._fill(0, b, q)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm-up: Triton compiles, cuBLAS picks kernels
+                self._forward(b, q)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                hidden, captured = self._forward(b, q)
+            self.graphs[(b, q)] = (graph, hidden, captured)
+        torch.cuda.synchronize()
+        secs = time.perf_counter() - start
+        if progress:
+            print(f"captured {len(shapes)} CUDA graphs (batch {self.batch_sizes} x query {self.query_lens}) in {secs:.1f}s")
+        return secs
+
+    # ---- replay ----------------------------------------------------------------------------
+    def padded_batch(self, num_seqs: int) -> int | None:
+        return next((b for b in self.batch_sizes if b >= num_seqs), None)
+
+    @torch.inference_mode()
+    def run(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, num_seqs: int, query_len: int
+    ) -> GraphOutput | None:
+        """Replay the graph for a batch of num_seqs sequences of exactly query_len new tokens each;
+        None when no graph fits (the caller runs the model eagerly). No host sync."""
+        b = self.padded_batch(num_seqs)
+        t = num_seqs * query_len
+        if (
+            b is None or query_len not in self.query_lens or input_ids is None
+            or input_ids.shape[0] != t or meta.max_query_len != query_len  # uniform query lengths
+            or meta.block_tables.shape[1] > self.max_blocks or meta.block_size != self.block_size
+        ):
+            return None
+        self._fill(num_seqs, b, query_len)
+        self.input_ids[:t].copy_(input_ids, non_blocking=True)
+        self.positions[:t].copy_(positions, non_blocking=True)
+        self.slot_mapping[:t].copy_(meta.slot_mapping, non_blocking=True)
+        self.query_start_loc[: num_seqs + 1].copy_(meta.query_start_loc, non_blocking=True)
+        self.seq_lens[:num_seqs].copy_(meta.seq_lens, non_blocking=True)
+        self.block_tables[:num_seqs, : meta.block_tables.shape[1]].copy_(meta.block_tables, non_blocking=True)
+        if self.graphs:
+            graph, hidden, captured = self.graphs[(b, query_len)]
+            graph.replay()
+        else:
+            hidden, captured = self._forward(b, query_len)
+        return GraphOutput(
+            hidden[:t].clone(), [c[:t].clone() for c in captured],
+            self.logits[:t] if self.logits is not None else None,
+        )
