@@ -179,7 +179,7 @@ def timing(model: CausalLM, kv: list[torch.Tensor], graphs: CudaGraphRunner) -> 
     meta_chunks = [SeqChunk([0], 8191, list(range(512)))]
     _, _, meta = build_batch(meta_chunks, BS, DEV, with_reference=False)
     qt = torch.randn(1, cfg.num_heads, cfg.head_dim, device=DEV, dtype=torch.bfloat16)
-    for s in (1, None):
+    for s in (1, 8, None, 64):
         us = timed(lambda s=s: pa.triton_attention(qt, kv[0], meta, 0.1, num_splits=s), 200) * 1e3
         rows.append((f"attn 1 layer splits={s or 'auto'} (us)", 1, 1, 8192, f"{us:.1f}", "", ""))
 

@@ -62,3 +62,16 @@ def run_scenario(make_engine, method: str, async_scheduling: bool, prompts, para
     )}
     toks = [done[f"r{i}"].outputs[0].token_ids for i in range(len(prompts))]
     return toks, counters, m, eng
+
+
+def parity_problems(make_engine, method: str, prompts=None, params=None) -> list[str]:
+    """Run the scenario sync and async; list every difference in tokens or counters."""
+    prompts = prompts or scenario_prompts()
+    params = params or scenario_params()
+    s_toks, s_c, _, _ = run_scenario(make_engine, method, False, prompts, params)
+    a_toks, a_c, _, eng = run_scenario(make_engine, method, True, prompts, params)
+    problems = [f"request {i}: tokens differ" for i, (x, y) in enumerate(zip(s_toks, a_toks, strict=True)) if x != y]
+    problems += [f"{k}: sync {s_c[k]} async {a_c[k]}" for k in s_c if s_c[k] != a_c[k]]
+    if eng.blocks.num_free_blocks != eng.blocks.num_blocks:
+        problems.append("blocks leaked")
+    return problems

@@ -18,7 +18,8 @@ from verispec.spec.dflash_model import DFlashDrafter, block_attention_mask, new_
 from verispec.worker.inputs import SeqChunk, allocate_kv_cache, build_batch
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
-MASK_ID = 151662  # <|fim_pad|> in the Qwen tokenizer the tiny models use
+VOCAB = tiny_config().vocab_size
+MASK_ID = VOCAB - 1  # what pick_mask_token chooses when <|fim_pad|> lies outside the tiny vocabulary
 
 
 def prompts(n=4, seed=3) -> list[list[int]]:
@@ -103,6 +104,16 @@ def teacher_forced_context(model, drafter, tokens: list[int], n: int):
     return drafter.context_kv(torch.cat(cap, -1), pos)
 
 
+def direct_drafts(model, drafter, tokens: list[int], k: int) -> list[int]:
+    """Greedy drafts computed from scratch: fresh context of tokens[:-1], block at len(tokens) - 1."""
+    n, b = len(tokens) - 1, drafter.config.block_size
+    ctx = [(k_[None], v[None]) for k_, v in teacher_forced_context(model, drafter, tokens, n)]
+    mask = block_attention_mask(torch.tensor([[n]]), torch.ones(1, n, dtype=torch.bool), b)
+    block = torch.tensor([[tokens[-1]] + [MASK_ID] * (b - 1)])
+    h = drafter(model.embed(block), n + torch.arange(b)[None], ctx, mask)
+    return model.compute_logits(h[0, 1 : 1 + k]).argmax(-1).tolist()
+
+
 def test_context_follows_acceptance(model, drafter_dir, reference):
     """Scripted drafts [right, right, wrong, ...] force partial acceptance; after every step the drafter
     holds context for exactly the committed positions, and its cached K/V equal a fresh recompute."""
@@ -111,8 +122,15 @@ def test_context_follows_acceptance(model, drafter_dir, reference):
     prop = eng.proposer
     real = prop.propose
 
+    compared = []
+
     def scripted(reqs, sources=None):
-        out = real(reqs, sources)  # the real drafter forward runs too; then its drafts are replaced
+        out = real(reqs, sources)  # the real drafter forward runs; check it, then replace its drafts
+        out.collect_host()
+        for r in reqs[:1]:
+            if r.request_id in out.token_ids:
+                want = direct_drafts(model, prop.drafter, r.all_token_ids, len(out.token_ids[r.request_id]))
+                compared.append(out.token_ids[r.request_id] == want)
         for r in reqs:
             if r.request_id in out.token_ids:
                 k = len(out.token_ids[r.request_id])
@@ -139,7 +157,7 @@ def test_context_follows_acceptance(model, drafter_dir, reference):
                 torch.testing.assert_close(cache[0][slots], k, atol=1e-4, rtol=1e-4)
                 torch.testing.assert_close(cache[1][slots], v, atol=1e-4, rtol=1e-4)
     m = eng.get_metrics()
-    assert checked > 10
+    assert checked > 10 and len(compared) > 5 and all(compared)
     assert 0 < m["spec_decode_num_accepted_tokens"] < m["spec_decode_num_draft_tokens"]
     assert m["spec_decode_num_accepted_tokens_per_pos"][0] == m["spec_decode_num_drafts"]  # draft 1 is right
     # A repeat of a finished prompt hits the prefix cache and reuses the drafter's context there.
@@ -169,7 +187,7 @@ def test_sampled_drafts_carry_probabilities(model, drafter_dir):
 
     eng.proposer.propose = spy
     a = run_all(eng, prompts(2), sp)
-    assert seen and all(q.shape == (len(t), 151936) for t, q in seen)
+    assert seen and all(q.shape == (len(t), VOCAB) for t, q in seen)
     assert all(torch.allclose(q.sum(-1), torch.ones(len(t))) for t, q in seen)
     assert all(q[range(len(t)), t].min() > 0 for t, q in seen)  # drafts come from q
     b = run_all(tiny_engine(model, spec=spec(drafter_dir, k=3)), prompts(2), sp)
@@ -195,7 +213,7 @@ def test_refuses_other_target(drafter_dir):
         tiny_engine(tiny_model(seed=1), spec=spec(drafter_dir))
     with pytest.raises(ValueError, match="does not fit"):
         tiny_engine(tiny_model(tiny_config(layers=3)), spec=spec(drafter_dir))  # layer count differs
-    narrow = ModelConfig.for_arch("qwen2", vocab_size=151936, hidden_size=32, intermediate_size=64, num_layers=2,
+    narrow = ModelConfig.for_arch("qwen2", vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_layers=2,
                                   num_heads=2, num_kv_heads=1, head_dim=16, max_position_embeddings=4096)
     with pytest.raises(ValueError, match="hidden size 64"):
         tiny_engine(tiny_model(narrow), spec=spec(drafter_dir))
@@ -230,10 +248,32 @@ def test_training_lowers_loss(model):
     assert losses[1] < losses[0] and losses[-1] < 0.85 * losses[0], losses
 
 
+class FoldedTokenizer:
+    """The real tokenizer with ids folded into the tiny vocabulary (tokens above it do not exist)."""
+
+    def __init__(self, tok, vocab: int) -> None:
+        self.tok, self.vocab = tok, vocab
+
+    def __getattr__(self, name):
+        return getattr(self.tok, name)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [t % self.vocab for t in self.tok.encode(text, add_special_tokens)]
+
+    def token_to_id(self, token: str) -> int | None:
+        t = self.tok.token_to_id(token)
+        return t if t is not None and t < self.vocab else None
+
+
 def test_train_drafter_cli_smoke(model, tmp_path, reference):
     from verispec.entrypoints.cli import main
 
-    dflash_train.ENGINE_FACTORY = lambda opts: tiny_engine(model, max_num_seqs=8)
+    def engine(opts):
+        eng = tiny_engine(model, max_num_seqs=8)
+        eng.tokenizer = FoldedTokenizer(eng.tokenizer, VOCAB)
+        return eng
+
+    dflash_train.ENGINE_FACTORY = engine
     try:
         rc = main(["train-drafter", "--target", "tiny", "--out", str(tmp_path), "--minutes", "2",
                    "--num-prompts", "6", "--max-new-tokens", "10", "--max-steps", "4", "--batch-seqs", "3",

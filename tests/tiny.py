@@ -20,7 +20,7 @@ def real_tokenizer():
     return Tokenizer.from_gguf(resolve_model("qwen2.5-coder-0.5b-instruct", progress=False))
 
 
-def tiny_config(arch: str = "qwen2", vocab: int = 151936, layers: int = 2) -> ModelConfig:
+def tiny_config(arch: str = "qwen2", vocab: int = 4096, layers: int = 2) -> ModelConfig:
     return ModelConfig.for_arch(
         arch, vocab_size=vocab, hidden_size=64, intermediate_size=128, num_layers=layers, num_heads=4,
         num_kv_heads=2, head_dim=16, max_position_embeddings=4096, tie_word_embeddings=False,

@@ -211,8 +211,8 @@ def make_engine(bm: BenchModel, spec: dict | None, max_num_seqs: int, prompt_ids
 
 def free_memory() -> None:
     """Return freed GPU memory (a dropped engine's KV cache) to the allocator's pool before the next engine."""
-    gc.collect()
     if torch.cuda.is_available():
+        gc.collect()  # engines may sit in reference cycles; slow with many objects, so GPU only
         torch.cuda.empty_cache()
 
 

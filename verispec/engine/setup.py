@@ -101,9 +101,19 @@ def assemble_parts(config: EngineConfig, tok, model: CausalLM, device, dtype, t0
     num_blocks = size_kv_blocks(config, per_block, device, max_model_len)
     # A single request must always fit alone, or it could never finish.
     max_model_len = min(max_model_len, num_blocks * config.block_size)
-    blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+    use_graphs = device.type == "cuda" and not config.extra.get("enforce_eager", False)
+    # With CUDA graphs the cache's last block is reserved as the graphs' scratch block.
+    blocks = BlockManager(num_blocks - int(use_graphs), config.block_size, config.enable_prefix_caching)
     capture = proposer.capture_layers if proposer is not None else ()
-    runner = ModelRunner(model, num_blocks, config.block_size, device, dtype, config.seed, capture)
+    graph_options = None
+    if use_graphs:
+        k = config.speculative_config.num_speculative_tokens if config.speculative_config else 0
+        graph_options = dict(
+            max_batch=min(config.max_num_seqs, 256), query_lens=(1,) + ((1 + k,) if k else ()),
+            max_blocks_per_seq=-(-max_model_len // config.block_size),
+        )
+    runner = ModelRunner(model, num_blocks, config.block_size, device, dtype, config.seed, capture,
+                         config.spec_audit_rate, graph_options)
     if proposer is not None:
         proposer.bind(num_blocks, config.block_size, max_model_len)
     secs = time.monotonic() - t0

@@ -34,7 +34,7 @@ import triton.language as tl  # noqa: E402
 
 from verispec.models.layers.attention import AttentionMetadata  # noqa: E402
 
-MAX_SPLITS = 16
+MAX_SPLITS = 32
 POISON_SCRATCH = False  # tests: fill split-K partial buffers with NaN so unwritten entries show
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 _NUM_SMS: dict[int, int] = {}
@@ -225,7 +225,7 @@ def triton_attention(
         NUM_HEADS=num_heads, GROUP=num_heads // num_kv_heads, GROUP_PAD=group_pad, BLOCK_Q=block_q,
         BLOCK_N=block_n, HEAD_DIM=head_dim, PAGE=meta.block_size, NUM_SPLITS=num_splits,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", WHILE_LOOP=_INTERPRET,
-        num_warps=4, num_stages=2,
+        num_warps=4, num_stages=3,
     )
     if num_splits > 1:
         _combine_kernel[(num_tokens,)](

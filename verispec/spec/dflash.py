@@ -169,13 +169,12 @@ class DFlashProposer(Proposer):
             if hi <= lo:
                 continue
             off = result.token_offsets[req.request_id] - s.start
-            for p in range(lo, hi):
-                bid = req.block_ids[p // bs]
-                if p == lo or p % bs == 0:
-                    self.block_hash.pop(bid, None)  # its K/V change now
-                rows.append(off + p)
-                positions.append(p)
-                slots.append(bid * bs + p % bs)
+            bids = req.block_ids
+            for i in range(lo // bs, (hi - 1) // bs + 1):
+                self.block_hash.pop(bids[i], None)  # its K/V change now
+            rows.extend(range(off + lo, off + hi))
+            positions.extend(range(lo, hi))
+            slots.extend(bids[p // bs] * bs + p % bs for p in range(lo, hi))
             st.consumed = hi
             while (st.next_block + 1) * bs <= hi:  # blocks now complete: remember what they hold
                 i = st.next_block
@@ -220,16 +219,14 @@ class DFlashProposer(Proposer):
         cfg, bs, dev = self.cfg, self.block_size, self.device
         big_b = cfg.block_size
         ctx_len = max(st.consumed for _, _, st in todo)
-        pos = torch.arange(ctx_len)
-        gather = torch.zeros(len(todo), ctx_len, dtype=torch.long)
-        valid = torch.zeros(len(todo), ctx_len, dtype=torch.bool)
-        for i, (r, _, st) in enumerate(todo):
-            p = pos[: st.consumed]
-            table = torch.tensor(r.block_ids[: -(-st.consumed // bs)], dtype=torch.long)
-            gather[i, : st.consumed] = table[p // bs] * bs + p % bs
-            valid[i, st.ctx_start : st.consumed] = True
-        gather, valid = gather.to(dev, non_blocking=True), valid.to(dev, non_blocking=True)
-        anchors = torch.tensor([[st.consumed] for _, _, st in todo], dtype=torch.long, device=dev)
+        nb = -(-ctx_len // bs)
+        table = torch.tensor([r.block_ids[:nb] + [0] * (nb - len(r.block_ids[:nb])) for r, _, _ in todo],
+                             dtype=torch.long).to(dev, non_blocking=True)
+        lim = torch.tensor([[st.ctx_start, st.consumed] for _, _, st in todo], dtype=torch.long).to(dev, non_blocking=True)
+        pos = torch.arange(ctx_len, device=dev)
+        gather = table.gather(1, (pos // bs).expand(len(todo), -1)) * bs + pos % bs  # [R, C] slots
+        valid = (pos >= lim[:, :1]) & (pos < lim[:, 1:])  # padding and masked prefixes excluded
+        anchors = lim[:, 1:]
         last = [r.all_token_ids[-1] for r, _, _ in todo]
         owners = [(r.request_id, "out", r.num_tokens - 1 - r.num_prompt_tokens) for r, _, _ in todo]
         block = torch.full((len(todo), big_b), cfg.mask_token_id, dtype=torch.long, device=dev)

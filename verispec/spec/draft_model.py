@@ -15,6 +15,7 @@ import torch
 
 from verispec.engine.request import Request
 from verispec.engine.scheduler import SchedulerOutput
+from verispec.models.layers.attention import reference_attention
 from verispec.models.qwen2 import CausalLM
 from verispec.spec.proposer import Proposal, Proposer
 from verispec.worker.inputs import SeqChunk, allocate_kv_cache, build_batch
@@ -108,7 +109,8 @@ class DraftModelProposer(Proposer):
         return self._forward(chunks, combine_inputs(host_ids, owners, sources, self.device))
 
     def _forward(self, chunks: list[SeqChunk], input_ids: torch.Tensor) -> torch.Tensor:
-        _, pos, meta = build_batch(chunks, self.block_size, self.device, token_ids=False)
+        with_ref = self.model.attn_fn is reference_attention
+        _, pos, meta = build_batch(chunks, self.block_size, self.device, token_ids=False, with_reference=with_ref)
         hidden, _ = self.model(input_ids, pos, meta, self.kv_caches)
         last = meta.query_start_loc[1:].long() - 1
         return self.model.compute_logits(hidden[last])

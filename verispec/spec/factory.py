@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from verispec.config import EngineConfig
 from verispec.models.qwen2 import CausalLM
 from verispec.spec.proposer import Proposer
@@ -30,6 +32,10 @@ def build_proposer(
         loader = DRAFT_LOADER_OVERRIDE or load_model
         draft_tok, draft_cfg, draft = loader(sc.model, device, dtype)
         check_same_vocab(tokenizer, draft_tok, target.config.vocab_size, draft_cfg.vocab_size, sc.model)
+        if torch.device(device).type == "cuda":
+            from verispec.kernels.fused import enable_triton
+
+            enable_triton(draft)
         return DraftModelProposer(draft, k, device, dtype, config.seed), kv_bytes_per_block(draft_cfg, config.block_size, dtype)
     if sc.method == "dflash":
         from verispec.spec.dflash import build_dflash_proposer

@@ -18,6 +18,7 @@ import torch
 
 from verispec.engine import faults
 from verispec.engine.scheduler import ScheduledRequest, SchedulerOutput
+from verispec.models.layers.attention import reference_attention
 from verispec.models.qwen2 import CausalLM
 from verispec.spec.verify import rejection_sample, verify_greedy, verify_random
 from verispec.worker.inputs import SeqChunk, allocate_kv_cache, build_batch
@@ -90,6 +91,7 @@ class ModelRunner:
         seed: int = 0,
         capture_layers: tuple[int, ...] = (),
         audit_rate: float = 0.0,
+        graph_options: dict | None = None,
     ) -> None:
         cfg = model.config
         self.model = model
@@ -101,6 +103,17 @@ class ModelRunner:
         self.generators: dict[str, torch.Generator] = {}
         self.audit_rate = audit_rate
         self._audit_rng = random.Random(seed)
+        self.graphs = None
+        if device.type == "cuda":
+            from verispec.kernels.fused import enable_triton
+
+            enable_triton(model)  # Triton attention, norms, rotary, SiLU-mul; the CPU path stays torch
+            if graph_options is not None:
+                from verispec.worker.graphs import CudaGraphRunner
+
+                # The last cache block is the graphs' scratch block (never given to a request).
+                self.graphs = CudaGraphRunner(model, self.kv_caches, block_size=block_size,
+                                              capture_layers=capture_layers, **graph_options)
 
     # ---- per-request state -----------------------------------------------------------------
     def generator(self, req, index: int, salt: int = 0) -> torch.Generator:
@@ -156,7 +169,8 @@ class ModelRunner:
                 end = offset + s.num_new_tokens
                 logit_rows.extend(range(end - k - 1, end))
                 draft_pos.append(list(range(end - k, end)))
-        _, positions, meta = build_batch(chunks, self.block_size, self.device, token_ids=False)
+        with_ref = self.model.attn_fn is reference_attention
+        _, positions, meta = build_batch(chunks, self.block_size, self.device, token_ids=False, with_reference=with_ref)
         if faults.active("row_by_position") and sources.get("out") is not None:
             # The bug: the previous step's rows looked up by this step's batch position, which
             # differs from the producing step's row once a request ahead has finished.
@@ -165,7 +179,11 @@ class ModelRunner:
             rows = {rid: min(i, prev.values.shape[0] - 1) for i, rid in enumerate(order)}
             sources = {**sources, "out": DeviceTokens(prev.values, rows, prev.base)}
         input_ids = combine_inputs(host_ids, owners, sources, self.device)
-        hidden, captured = self.model(input_ids, positions, meta, self.kv_caches, self.capture_layers)
+        out = self.graphs.run(input_ids, positions, meta, len(chunks), meta.max_query_len) if self.graphs else None
+        if out is not None:
+            hidden, captured = out.hidden, out.captured
+        else:
+            hidden, captured = self.model(input_ids, positions, meta, self.kv_caches, self.capture_layers)
         handle = StepHandle(sched, sampling, None, None, None, None, None, None, captured, offsets)
         if not sampling:
             return handle
@@ -311,6 +329,7 @@ class ModelRunner:
                 n_out = len(req.output_token_ids) + j
                 if n_out < p.min_tokens:
                     banned = list(p.stop_token_ids) + ([] if p.ignore_eos else list(req.eos_token_ids))
+                    banned = [t for t in banned if t < logits.shape[-1]]
                     if banned:
                         logits[r0 + j, banned] = float("-inf")
                 if p.needs_penalties:

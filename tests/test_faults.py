@@ -1,0 +1,101 @@
+"""Fault injection: each known bug class, planted with VERISPEC_FAULT, is caught by a gate
+(parity, oracle, prefix-cache equivalence or counter hand count), and nothing fires without it.
+Several of these bugs leave the emitted text correct and only move acceptance."""
+
+from __future__ import annotations
+
+import pytest
+from parity import STRESS, parity_problems, run_scenario, scenario_prompts
+from tiny import run_all, tiny_engine, tiny_model
+
+from verispec import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model()
+
+
+def maker(model, **extra):
+    def build(spec, async_scheduling):
+        return tiny_engine(model, spec=spec, async_scheduling=async_scheduling, **{**STRESS, **extra})
+
+    return build
+
+
+GREEDY = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (20, 7, 16, 11, 18, 9)]
+
+
+def oracle_rate(model, async_scheduling: bool) -> float:
+    eng = tiny_engine(model, spec={"method": "self", "num_speculative_tokens": 3}, async_scheduling=async_scheduling)
+    run_all(eng, scenario_prompts(seed=3)[:3], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))
+    m = eng.get_metrics()
+    return m["spec_decode_num_accepted_tokens"] / m["spec_decode_num_draft_tokens"]
+
+
+def test_no_fault_all_gates_pass(model, monkeypatch):
+    monkeypatch.delenv("VERISPEC_FAULT", raising=False)
+    assert parity_problems(maker(model), "self", params=GREEDY) == []
+    assert oracle_rate(model, True) >= 0.99
+
+
+def test_stale_host_draft_caught_text_stays_correct(model, monkeypatch):
+    monkeypatch.setenv("VERISPEC_FAULT", "stale_host_draft")
+    problems = parity_problems(maker(model), "self", params=GREEDY)
+    assert problems and all("tokens differ" not in p for p in problems), problems  # counters only
+    assert oracle_rate(model, True) < 0.5
+    assert oracle_rate(model, False) >= 0.99  # the sync path holds real drafts on the host
+
+
+def test_row_by_position_caught(model, monkeypatch):
+    monkeypatch.setenv("VERISPEC_FAULT", "row_by_position")
+    assert any("tokens differ" in p for p in parity_problems(maker(model), "none", params=GREEDY))
+
+
+def test_placeholder_leak_caught(model, monkeypatch):
+    monkeypatch.setenv("VERISPEC_FAULT", "placeholder_leak")
+    assert any("tokens differ" in p for p in parity_problems(maker(model), "none", params=GREEDY))
+
+
+def prefix_cache_problems(model) -> list[int]:
+    """Outputs with prefix caching (long shared prefix, small chunks) vs without."""
+    prompts, params = scenario_prompts(seed=4), GREEDY
+    build_on = maker(model, max_num_batched_tokens=9)
+    build_off = maker(model, max_num_batched_tokens=9, enable_prefix_caching=False)
+    on, _, m, _ = run_scenario(build_on, "none", False, prompts, params)
+    off, _, _, _ = run_scenario(build_off, "none", False, prompts, params)
+    assert m["prefix_cache_hits"] > 0
+    return [i for i, (a, b) in enumerate(zip(on, off, strict=True)) if a != b]
+
+
+def test_early_prefix_publish_caught(model, monkeypatch):
+    monkeypatch.delenv("VERISPEC_FAULT", raising=False)
+    assert prefix_cache_problems(model) == []
+    monkeypatch.setenv("VERISPEC_FAULT", "early_prefix_publish")
+    assert prefix_cache_problems(model)
+
+
+def test_miscount_rejected_caught(model, monkeypatch):
+    import test_spec_decode
+
+    monkeypatch.setenv("VERISPEC_FAULT", "miscount_rejected")
+    ps = test_spec_decode.mixed_prompts()
+    ref = [o.outputs[0].token_ids for o in run_all(tiny_engine(model), ps, test_spec_decode.GREEDY)]
+    with pytest.raises(AssertionError, match="spec_decode_num_accepted"):
+        test_spec_decode.test_per_position_counters_hand_count(model, (ps, ref))
+
+
+def test_debug_stale_read_raises(model, monkeypatch):
+    """VERISPEC_DEBUG_STALE=1: a host proposer reading placeholders fails loudly."""
+    from verispec.engine.request import Request
+    from verispec.spec.ngram import NgramProposer
+    from verispec.worker.token_state import PLACEHOLDER, StaleMirrorError
+
+    req = Request("x", [1, 2, 3, 1, 2], SamplingParams(max_tokens=9))
+    req.output_token_ids = [3, PLACEHOLDER]
+    prop = NgramProposer(2, 1, 2)
+    monkeypatch.setenv("VERISPEC_DEBUG_STALE", "1")
+    with pytest.raises(StaleMirrorError):
+        prop.propose([req])
+    monkeypatch.setenv("VERISPEC_DEBUG_STALE", "0")
+    prop.propose([req])  # without debug mode it does not check

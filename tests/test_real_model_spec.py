@@ -1,0 +1,89 @@
+"""Speculative decoding and sync/async parity on the real qwen2.5-coder-0.5b-instruct (CPU, float32).
+
+The engines here share the session's loaded model (no reload) and differ only in their options."""
+
+from __future__ import annotations
+
+import pytest
+from parity import STRESS, run_scenario, scenario_params
+from tiny import tiny_engine
+
+from verispec import SamplingParams
+
+CODE_PROMPTS = [
+    "def binary_search(arr, target):\n",
+    "<|im_start|>user\nWrite a Python function that checks if a string is a palindrome.<|im_end|>\n<|im_start|>assistant\n",
+    "import numpy as np\n\ndef normalize(v):\n    ",
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, x):\n",
+]
+
+
+@pytest.fixture(scope="module")
+def real(llm05):
+    return llm05.engine.parts.model, llm05.tokenizer
+
+
+@pytest.fixture(scope="module")
+def prompts(real):
+    _, tok = real
+    return [tok.encode(p) for p in CODE_PROMPTS]
+
+
+def build(real, spec, async_scheduling, **kw):
+    model, _ = real
+    override = model if spec and spec["method"] == "draft_model" else None
+    return tiny_engine(model, spec=spec, draft_override=override, async_scheduling=async_scheduling,
+                       max_model_len=1024, **kw)
+
+
+def generate(eng, prompts, params):
+    for i, p in enumerate(prompts):
+        eng.add_request(f"r{i}", None, params, p)
+    done = {}
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            if out.finished:
+                done[out.request_id] = out
+    return [done[f"r{i}"].outputs[0].token_ids for i in range(len(prompts))]
+
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def baseline(real, prompts):
+    return generate(build(real, None, False), prompts, GREEDY)
+
+
+@pytest.mark.parametrize("method", ["ngram", "self"])
+def test_real_lossless_and_oracle(real, prompts, baseline, method):
+    spec = {"method": method, "num_speculative_tokens": 4, **({"prompt_lookup_max": 3} if method == "ngram" else {})}
+    eng = build(real, spec, False, num_gpu_blocks=10, block_size=16, max_num_batched_tokens=48)
+    assert generate(eng, prompts, GREEDY) == baseline
+    m = eng.get_metrics()
+    assert m["spec_decode_num_drafts"] > 0 and m["num_preemptions"] > 0
+    if method == "self":
+        assert m["spec_decode_num_accepted_tokens"] >= 0.99 * m["spec_decode_num_draft_tokens"], m
+
+
+@pytest.mark.parametrize("method", ["none", "ngram", "self", "draft_model"])
+def test_real_sync_async_parity(real, prompts, method):
+    """The parity matrix cell with real weights: forced preemption, small chunked prefill,
+    prefix-cache hits, requests finishing mid-batch, mixed temperatures with seeds."""
+    from parity import SPECS
+
+    shared = prompts[1][:40]
+    ps = [prompts[0], shared + prompts[2], prompts[3], shared + prompts[0][:5], prompts[2], prompts[1]]
+    params = scenario_params(max_tokens=18)
+    cells = {}
+    for mode in (False, True):
+        def make(spec, a, _mode=mode):
+            return build(real, spec, a, **STRESS)
+        cells[mode] = run_scenario(make, method, mode, ps, params)
+    (s_toks, s_c, s_m, _), (a_toks, a_c, _, eng) = cells[False], cells[True]
+    assert a_toks == s_toks
+    assert a_c == s_c
+    assert s_m["num_preemptions"] > 0 and s_m["prefix_cache_hits"] > 0
+    if SPECS[method]:
+        assert s_c["spec_decode_num_drafts"] > 0
+    assert eng.blocks.num_free_blocks == eng.blocks.num_blocks
