@@ -11,7 +11,9 @@ Prefix caching. A position's context K/V depend only on the tokens up to it, so 
 drafter wrote is valid for any request whose prefix (chain hash of token ids) is the same. The
 proposer remembers the chain hash of every block it wrote completely; a request that starts with a
 prefix-cache hit reuses those K/V when all its hit blocks are known, and otherwise drafts from the
-context it computes itself (positions below its first computed token are masked out).
+context it computes itself (positions below its first computed token are masked out). In the
+overlapped loop, blocks holding not-yet-collected tokens (placeholders) are not remembered, so reuse
+covers prompt blocks there.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ def save_drafter(drafter: DFlashDrafter, out_dir: str | Path, dtype: torch.dtype
     sd = {k: v.detach().to("cpu", dtype).contiguous() for k, v in drafter.state_dict().items()}
     tmp = out / (WEIGHTS + ".tmp")
     save_file(sd, str(tmp), metadata={"format": "pt", "method": "dflash"})
+    tmp.chmod(0o644)
     tmp.replace(out / WEIGHTS)
     (out / CONFIG).write_text(drafter.config.to_json() + "\n")
     return hashlib.sha256((out / WEIGHTS).read_bytes()).hexdigest()
@@ -163,8 +166,7 @@ class DFlashProposer(Proposer):
             if st is None:
                 st = self.state[req.request_id] = self._new_state(req, s.start)
             if s.start > st.consumed:  # a gap we cannot fill: restart the context here
-                st = self.state[req.request_id] = _ReqState(s.start, s.start, s.start, 0, None)
-                st.ctx_start = s.start
+                st = self.state[req.request_id] = _ReqState(consumed=s.start, ctx_start=s.start, written_from=s.start)
             lo, hi = st.consumed, min(req.num_computed_tokens, s.start + s.num_new_tokens)
             if hi <= lo:
                 continue

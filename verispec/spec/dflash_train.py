@@ -72,6 +72,7 @@ class TrainOptions:
     sequences: str | None = None
     generate_only: bool = False
     resume: bool = False
+    save_state: bool = False
 
 
 # ---- training ------------------------------------------------------------------------------
@@ -201,10 +202,10 @@ def train(engine, opts: TrainOptions) -> dict:
         bar.update(1)
         bar.set_postfix(loss=f"{ema:.3f}", tau=f"{stats['tau']:.2f}", lr=f"{lr:.1e}")
         if opts.ckpt_every and step % opts.ckpt_every == 0:
-            _checkpoint(drafter, optim, step, out, save_dtype)
+            _checkpoint(drafter, optim, step, out, save_dtype, opts.save_state)
     bar.close()
     val_loss, val_stats = evaluate(drafter, target, val, opts, cfg)
-    sha = _checkpoint(drafter, optim, step, out, save_dtype)
+    sha = _checkpoint(drafter, optim, step, out, save_dtype, opts.save_state)
     log = dict(
         target=opts.target, target_fingerprint=fp, mask_token_id=mask_id, target_layers=cfg.target_layers,
         num_prompts=n_prompts, num_sequences=len(samples), num_train_sequences=len(tr),
@@ -222,9 +223,10 @@ def train(engine, opts: TrainOptions) -> dict:
     return log
 
 
-def _checkpoint(drafter: DFlashDrafter, optim, step: int, out: Path, save_dtype) -> str:
-    """The servable drafter (save_dtype) plus float32 weights and optimizer state for --resume."""
-    torch.save({"model": drafter.state_dict(), "optim": optim.state_dict(), "step": step}, out / "train_state.pt")
+def _checkpoint(drafter: DFlashDrafter, optim, step: int, out: Path, save_dtype, state: bool) -> str:
+    """The servable drafter (save_dtype); with state, float32 weights + optimizer state for --resume."""
+    if state:
+        torch.save({"model": drafter.state_dict(), "optim": optim.state_dict(), "step": step}, out / "train_state.pt")
     return save_drafter(drafter, out, save_dtype)
 
 
@@ -262,6 +264,7 @@ def add_train_parser(sub) -> None:
     s.add_argument("--sequences", default=None, help="JSONL of (prompt, response) ids from an earlier run")
     s.add_argument("--generate-only", action="store_true", help="stop after writing OUT/sequences.jsonl")
     s.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt")
+    s.add_argument("--save-state", action="store_true", help="write OUT/train_state.pt (for --resume; large)")
     s.set_defaults(func=cmd_train_drafter)
 
 
