@@ -193,7 +193,11 @@ class Scheduler:
                 req.output_token_ids.append(tok)
                 if tok == PLACEHOLDER:
                     if self._length_reached(req):
-                        req.pending_stop = True  # finish once the values arrive
+                        # Finish once the values arrive; the blocks go back now, as they would
+                        # in the synchronous loop (only blocks of known tokens get published).
+                        req.pending_stop = True
+                        self.blocks.publish(req.block_ids, req.all_token_ids, min(req.num_computed_tokens, self._known(req)))
+                        self.blocks.free_blocks(req.block_ids)
                         break
                 elif self._check_stop(req, tok):
                     break
