@@ -99,3 +99,23 @@ def test_debug_stale_read_raises(model, monkeypatch):
         prop.propose([req])
     monkeypatch.setenv("VERISPEC_DEBUG_STALE", "0")
     prop.propose([req])  # without debug mode it does not check
+
+
+def test_runtime_audit_counts_disagreements(model, monkeypatch):
+    """spec_audit_rate: re-verification on the host agrees with the device when all is well and
+    flags the steps where the verifier read stale drafts."""
+    def audited(fault: str | None) -> dict:
+        if fault:
+            monkeypatch.setenv("VERISPEC_FAULT", fault)
+        else:
+            monkeypatch.delenv("VERISPEC_FAULT", raising=False)
+        eng = tiny_engine(model, spec={"method": "self", "num_speculative_tokens": 3}, async_scheduling=True, spec_audit_rate=1.0)
+        params = [SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True),
+                  SamplingParams(temperature=0.9, seed=3, max_tokens=16, ignore_eos=True)]
+        run_all(eng, scenario_prompts(seed=6)[:2], params)
+        return eng.get_metrics()
+
+    clean = audited(None)
+    assert clean["spec_decode_audited_steps"] > 0 and clean["spec_decode_audit_mismatches"] == 0
+    faulty = audited("stale_host_draft")
+    assert faulty["spec_decode_audit_mismatches"] > 0

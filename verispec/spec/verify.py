@@ -37,7 +37,9 @@ def rejection_sample(
     k = k1 - 1
     idx = torch.arange(rows, device=p.device)
     if k:
-        p_d = p[:, :k].gather(-1, drafts[..., None])[..., 0]
+        valid = drafts >= 0  # a negative id (a placeholder that leaked) is never accepted
+        drafts = drafts.clamp_min(0)
+        p_d = p[:, :k].gather(-1, drafts[..., None])[..., 0] * valid
         q_d = q.gather(-1, drafts[..., None])[..., 0] if q is not None else torch.ones_like(p_d)
         ratio = torch.where(q_d > 0, p_d / q_d.clamp_min(1e-30), torch.zeros_like(p_d))
         num_accepted = (u < ratio).long().cumprod(-1).sum(-1)

@@ -191,7 +191,10 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[rows])
         self._mask_and_penalize(logits, sampling)
         drafts = self._draft_tensor(input_ids, host_ids, draft_pos)
-        handle.audit = self._maybe_audit(sampling, logits, drafts, draft_probs)
+        if self.audit_rate > 0:
+            # The audit re-verifies against the drafts the device actually fed the model.
+            true_drafts = self._draft_tensor(input_ids, host_ids, draft_pos, honest=True)
+            handle.audit = self._maybe_audit(sampling, logits, true_drafts, draft_probs)
         tokens, counts = self._verify(logits, sampling, drafts, draft_probs)
         handle.sampled_dev, handle.num_sampled_dev, handle.logits = tokens, counts, logits
         if self.device.type == "cuda":
@@ -205,11 +208,13 @@ class ModelRunner:
             handle.host_sampled, handle.host_num_sampled = tokens.clone(), counts.clone()
         return handle
 
-    def _draft_tensor(self, input_ids: torch.Tensor, host_ids: list[int], draft_pos: list[list[int]]) -> torch.Tensor:
+    def _draft_tensor(
+        self, input_ids: torch.Tensor, host_ids: list[int], draft_pos: list[list[int]], honest: bool = False
+    ) -> torch.Tensor:
         """[S, Kmax] drafts of each sampling request, read from the device input ids (padded with -2)."""
         kmax = max((len(p) for p in draft_pos), default=0)
         idx = [p + [-1] * (kmax - len(p)) for p in draft_pos]
-        if faults.active("stale_host_draft"):
+        if faults.active("stale_host_draft") and not honest:
             # The bug: drafts taken from the host mirror of the input ids (placeholders when the
             # drafts were produced on the device).
             src = torch.tensor(host_ids + [-2], dtype=torch.long).to(self.device)
