@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 from server_util import ServerThread, wait_for
-from tiny import real_tokenizer, tiny_engine, tiny_model
+from tiny import real_tokenizer, text_model, tiny_engine
 
 from verispec.sampling_params import SamplingParams
 
@@ -24,7 +24,7 @@ SPEC_NAMES = (
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_model()
+    return text_model()
 
 
 @pytest.fixture(scope="module")

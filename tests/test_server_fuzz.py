@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis.checks import not_a_server_error
 from server_util import ServerThread
-from tiny import tiny_engine
+from tiny import text_model, tiny_engine
 
 # A short context bounds every generated request's work (max_tokens can be at most 63 here).
 MAX_MODEL_LEN = 64
@@ -16,7 +16,7 @@ MAX_MODEL_LEN = 64
 
 @pytest.fixture(scope="module")
 def srv():
-    s = ServerThread(tiny_engine(max_model_len=MAX_MODEL_LEN), "tiny").start()
+    s = ServerThread(tiny_engine(text_model(), max_model_len=MAX_MODEL_LEN), "tiny").start()
     yield s
     s.stop()
 

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 from server_util import ServerThread, wait_for
-from tiny import tiny_engine
+from tiny import text_model, tiny_engine
 
 from verispec.sampling_params import SamplingParams
 
@@ -115,7 +115,7 @@ def run_load(srv: ServerThread, concurrency: int, num_requests: int, max_tokens:
 
 @pytest.fixture(scope="module")
 def tiny_srv():
-    s = ServerThread(tiny_engine(), "tiny").start()
+    s = ServerThread(tiny_engine(text_model()), "tiny").start()
     yield s
     s.stop()
 

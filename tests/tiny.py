@@ -73,3 +73,9 @@ def run_all(engine: LLMEngine, prompts: list[list[int]], params) -> list:
             if out.finished:
                 done[out.request_id] = out
     return [done[f"r{i}"] for i in range(len(prompts))]
+
+
+@functools.cache
+def text_model() -> CausalLM:
+    """A tiny model over the real tokenizer's whole vocabulary (for text prompts: server tests)."""
+    return tiny_model(tiny_config(vocab=151936))
