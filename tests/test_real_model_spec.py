@@ -10,9 +10,8 @@ from tiny import tiny_engine
 
 from verispec import SamplingParams
 
-# Minutes each on 2 cores, and one full-suite run saw failures here that do not reproduce when the
-# file runs alone (under investigation, see the session note): kept out of the default suite.
-pytestmark = pytest.mark.slow
+# The parity matrix (the project's core gate) runs by default (~3.5 min on 2 cores); the
+# lossless/oracle checks on the real model are -m slow.
 
 CODE_PROMPTS = [
     "def binary_search(arr, target):\n",
@@ -59,6 +58,7 @@ def baseline(real, prompts):
     return generate(build(real, None, False), prompts, GREEDY)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["ngram", "self"])
 def test_real_lossless_and_oracle(real, prompts, baseline, method):
     spec = {"method": method, "num_speculative_tokens": 4, **({"prompt_lookup_max": 3} if method == "ngram" else {})}
@@ -77,17 +77,19 @@ def test_real_sync_async_parity(real, prompts, method):
     from parity import SPECS
 
     shared = prompts[1][:40]
-    ps = [prompts[0], shared + prompts[2], prompts[3], shared + prompts[0][:5], prompts[2], prompts[1]]
+    # r0 runs alone first and publishes the shared prefix that r1 and r3 then hit.
+    ps = [prompts[1], shared + prompts[2], prompts[3], shared + prompts[0][:5], prompts[2], prompts[0]]
     params = scenario_params(max_tokens=18)
     cells = {}
     for mode in (False, True):
         def make(spec, a, _mode=mode):
-            return build(real, spec, a, **STRESS)
+            return build(real, spec, a, **{**STRESS, "num_gpu_blocks": 11})
         cells[mode] = run_scenario(make, method, mode, ps, params)
     (s_toks, s_c, s_m, _), (a_toks, a_c, _, eng) = cells[False], cells[True]
     assert a_toks == s_toks
     assert a_c == s_c
-    assert s_m["num_preemptions"] > 0 and s_m["prefix_cache_hits"] > 0
+    assert s_m["num_preemptions"] > 0
+    assert s_m["prefix_cache_hits"] > 0
     if SPECS[method]:
         assert s_c["spec_decode_num_drafts"] > 0
     assert eng.blocks.num_free_blocks == eng.blocks.num_blocks
