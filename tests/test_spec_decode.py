@@ -128,9 +128,7 @@ def test_per_position_counters_hand_count(model, reference):
             if k == 0:
                 n += 1
                 continue
-            a = min(k, 2) if k < 3 else 2
-            if k < 3 and k <= 2:
-                a = k  # fewer than 3 drafts: all of them are the right ones
+            a = min(k, 2)  # the first two drafts are right (all of them when k < 3)
             drafts += 1
             draft_tokens += k
             accepted += a

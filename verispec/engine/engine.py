@@ -150,17 +150,16 @@ class LLMEngine:
 
         The books of step N are committed optimistically (placeholders, counts only) right after
         launch; the values arrive when the step is collected one iteration later."""
-        if self._needs_host_values():
-            self._drain()
+        early = self._drain() if self._needs_host_values() else []
         sched = self._schedule()
         if not sched.scheduled:
-            return self._drain()
+            return early + self._drain()
         prev = self.inflight
         sources = {"out": prev.device_tokens() if prev is not None else None, "draft": self.pending_drafts}
         handle = self.runner.launch(sched, self.pending_draft_probs, sources)
         counts = handle.counts() if any(s.num_draft_tokens for s in sched.scheduled) else None
         self._commit_optimistic(handle, counts)
-        outputs = self._drain_handle(prev) if prev is not None else []
+        outputs = early + (self._drain_handle(prev) if prev is not None else [])
         self.inflight = handle
         if self.proposer is not None:
             if self.proposer.needs_host_tokens:
