@@ -31,7 +31,7 @@ from verispec.engine.scheduler import SchedulerOutput
 from verispec.models.qwen2 import CausalLM
 from verispec.spec.dflash_model import DFlashConfig, DFlashDrafter, block_attention_mask, check_fingerprint
 from verispec.spec.proposer import Proposal, Proposer
-from verispec.worker.sampler import RowParams, probs_from_logits
+from verispec.worker.sampler import probs_from_logits, row_params
 from verispec.worker.token_state import PLACEHOLDER, DeviceTokens, combine_inputs
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
@@ -245,16 +245,7 @@ class DFlashProposer(Proposer):
         """Each draft j drawn from the drafter's distribution q_j under the request's sampling
         parameters; q is returned for rejection sampling (any q keeps verification lossless)."""
         rows = torch.cat([logits[i, :k] for i, _, k in sampled])
-        vocab, dev = rows.shape[-1], rows.device
-        per_row = [r.params for _, r, k in sampled for _ in range(k)]
-        rp = RowParams(
-            temperature=torch.tensor([p.temperature for p in per_row], dtype=torch.float32, device=dev),
-            top_k=torch.tensor([p.top_k if p.top_k > 0 else vocab for p in per_row], device=dev),
-            top_p=torch.tensor([p.top_p for p in per_row], dtype=torch.float32, device=dev),
-            min_p=torch.tensor([p.min_p for p in per_row], dtype=torch.float32, device=dev),
-            need_sort=any(p.top_k > 0 or p.top_p < 1 for p in per_row),
-            need_min_p=any(p.min_p > 0 for p in per_row),
-        )
+        rp = row_params([r.params for _, r, _ in sampled], [k for _, _, k in sampled], rows.shape[-1], rows.device)
         probs = probs_from_logits(rows, rp)
         r0 = 0
         for i, r, k in sampled:

@@ -20,7 +20,7 @@ from verispec.models.qwen2 import CausalLM
 from verispec.spec.proposer import Proposal, Proposer
 from verispec.worker.inputs import SeqChunk, allocate_kv_cache, build_batch
 from verispec.worker.runner import sample_key
-from verispec.worker.sampler import RowParams, probs_from_logits
+from verispec.worker.sampler import probs_from_logits, row_params
 from verispec.worker.token_state import PLACEHOLDER, DeviceTokens, combine_inputs
 
 
@@ -119,16 +119,7 @@ class DraftModelProposer(Proposer):
         toks = logits.argmax(-1)
         if all(r.params.greedy for r in reqs):
             return toks
-        vocab = logits.shape[-1]
-        dev = logits.device
-        rp = RowParams(
-            temperature=torch.tensor([r.params.temperature for r in reqs], dtype=torch.float32, device=dev),
-            top_k=torch.tensor([r.params.top_k if r.params.top_k > 0 else vocab for r in reqs], device=dev),
-            top_p=torch.tensor([r.params.top_p for r in reqs], dtype=torch.float32, device=dev),
-            min_p=torch.tensor([r.params.min_p for r in reqs], dtype=torch.float32, device=dev),
-            need_sort=any(r.params.top_k > 0 or r.params.top_p < 1 for r in reqs),
-            need_min_p=any(r.params.min_p > 0 for r in reqs),
-        )
+        rp = row_params([r.params for r in reqs], [1] * len(reqs), logits.shape[-1], logits.device)
         p = probs_from_logits(logits, rp)
         for i, r in enumerate(reqs):
             if r.params.greedy:

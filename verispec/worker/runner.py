@@ -22,7 +22,7 @@ from verispec.models.layers.attention import reference_attention
 from verispec.models.qwen2 import CausalLM
 from verispec.spec.verify import rejection_sample, verify_greedy, verify_random
 from verispec.worker.inputs import SeqChunk, allocate_kv_cache, build_batch
-from verispec.worker.sampler import RowParams, apply_penalties, probs_from_logits, top_logprobs
+from verispec.worker.sampler import RowParams, apply_penalties, probs_from_logits, row_params, top_logprobs
 from verispec.worker.token_state import PLACEHOLDER, DeviceTokens, check_fresh, combine_inputs
 
 
@@ -350,20 +350,5 @@ class ModelRunner:
             torch.nan_to_num_(logits, nan=float("-inf"), posinf=torch.finfo(logits.dtype).max)
 
     def _row_params(self, sampling, vocab: int) -> RowParams:
-        temp, top_k, top_p, min_p = [], [], [], []
-        for s, _ in sampling:
-            p = s.request.params
-            n = s.num_draft_tokens + 1
-            temp += [p.temperature] * n
-            top_k += [p.top_k if p.top_k > 0 else vocab] * n
-            top_p += [p.top_p] * n
-            min_p += [p.min_p] * n
-        dev = self.device
-        return RowParams(
-            temperature=torch.tensor(temp, dtype=torch.float32, device=dev),
-            top_k=torch.tensor(top_k, dtype=torch.long, device=dev),
-            top_p=torch.tensor(top_p, dtype=torch.float32, device=dev),
-            min_p=torch.tensor(min_p, dtype=torch.float32, device=dev),
-            need_sort=any(k < vocab for k in top_k) or any(p < 1.0 for p in top_p),
-            need_min_p=any(m > 0 for m in min_p),
-        )
+        params = [s.request.params for s, _ in sampling]
+        return row_params(params, [s.num_draft_tokens + 1 for s, _ in sampling], vocab, self.device)

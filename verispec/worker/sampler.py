@@ -24,6 +24,24 @@ class RowParams:
     need_min_p: bool
 
 
+def row_params(params: list, repeats: list[int], vocab: int, device) -> RowParams:
+    """RowParams for requests' SamplingParams, each repeated for its number of rows."""
+    temp, top_k, top_p, min_p = [], [], [], []
+    for p, n in zip(params, repeats, strict=True):
+        temp += [p.temperature] * n
+        top_k += [p.top_k if p.top_k > 0 else vocab] * n
+        top_p += [p.top_p] * n
+        min_p += [p.min_p] * n
+    return RowParams(
+        temperature=torch.tensor(temp, dtype=torch.float32, device=device),
+        top_k=torch.tensor(top_k, dtype=torch.long, device=device),
+        top_p=torch.tensor(top_p, dtype=torch.float32, device=device),
+        min_p=torch.tensor(min_p, dtype=torch.float32, device=device),
+        need_sort=any(k < vocab for k in top_k) or any(x < 1.0 for x in top_p),
+        need_min_p=any(m > 0 for m in min_p),
+    )
+
+
 def apply_penalties(
     logits: torch.Tensor,
     rows: list[int],
