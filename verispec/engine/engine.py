@@ -15,10 +15,11 @@ from verispec.config import EngineConfig
 from verispec.engine import faults
 from verispec.engine.detokenizer import IncrementalDetokenizer
 from verispec.engine.request import Request
-from verispec.engine.scheduler import Scheduler, SpecCounters
+from verispec.engine.scheduler import Scheduler
 from verispec.engine.setup import EngineParts, build_engine_parts
 from verispec.outputs import CompletionOutput, RequestOutput
 from verispec.sampling_params import SamplingParams
+from verispec.spec.metrics import SpecCounters
 from verispec.worker.runner import StepResult
 from verispec.worker.token_state import PLACEHOLDER, DeviceTokens
 
@@ -258,12 +259,7 @@ class LLMEngine:
         if faults.active("miscount_rejected") and num_accepted < num_drafts:
             num_accepted += 1  # the bug: the first rejected position counted as accepted
         self.spec.record(num_drafts, num_accepted)
-        req.num_draft_tokens += num_drafts
-        req.num_accepted_tokens += num_accepted
-        if len(req.accepted_per_pos) < num_drafts:
-            req.accepted_per_pos.extend([0] * (num_drafts - len(req.accepted_per_pos)))
-        for i in range(num_accepted):
-            req.accepted_per_pos[i] += 1
+        req.spec.record(num_drafts, num_accepted)
 
     def _finish(self, req: Request, reason: str) -> None:
         self.scheduler.finish(req, reason)
@@ -285,8 +281,8 @@ class LLMEngine:
                     finish_reason=s.finish_reason if s.is_finished else None, stop_reason=s.stop_reason,
                     logprobs=list(s.logprobs) if s.params.logprobs is not None else None,
                     cumulative_logprob=None,
-                    spec_num_draft_tokens=s.num_draft_tokens, spec_num_accepted_tokens=s.num_accepted_tokens,
-                    spec_accepted_per_pos=list(s.accepted_per_pos),
+                    spec_num_draft_tokens=s.spec.num_draft_tokens, spec_num_accepted_tokens=s.spec.num_accepted_tokens,
+                    spec_accepted_per_pos=list(s.spec.accepted_per_pos),
                 )
             )
         finished = all(s.is_finished for s in g.seqs)

@@ -7,6 +7,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from verispec.sampling_params import SamplingParams
+from verispec.spec.metrics import SpecCounters
 
 
 class Status(enum.Enum):
@@ -41,10 +42,8 @@ class Request:
     num_cached_tokens: int = 0
     num_preemptions: int = 0
     arrival: int = field(default_factory=lambda: next(_arrival))
-    # Per-request acceptance counters.
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_pos: list[int] = field(default_factory=list)
+    # Per-request acceptance counters (the same type as the engine's totals).
+    spec: SpecCounters = field(default_factory=SpecCounters)
     logprobs: list[dict[int, float]] = field(default_factory=list)
     cumulative_logprob: float = 0.0
     # Overlapped loop: the length limit was reached with placeholders; finish once they resolve.

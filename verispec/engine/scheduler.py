@@ -43,27 +43,6 @@ class SchedulerOutput:
         return sum(s.num_new_tokens for s in self.scheduled)
 
 
-@dataclass
-class SpecCounters:
-    """Acceptance counters, summed since start (CONTRACT.md names)."""
-
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_pos: list[int] = field(default_factory=list)
-
-    def record(self, num_drafts: int, num_accepted: int) -> None:
-        if num_drafts == 0:
-            return
-        self.num_drafts += 1
-        self.num_draft_tokens += num_drafts
-        self.num_accepted_tokens += num_accepted
-        if len(self.accepted_per_pos) < num_drafts:
-            self.accepted_per_pos.extend([0] * (num_drafts - len(self.accepted_per_pos)))
-        for i in range(num_accepted):
-            self.accepted_per_pos[i] += 1
-
-
 class Scheduler:
     """Decides each step's batch and commits its results into the requests' books."""
 
