@@ -1,7 +1,7 @@
 """LLMEngine: requests in, RequestOutputs out; one step() at a time.
 
 Flow of a step (synchronous loop):
-  scheduler.schedule() -> runner.execute() -> scheduler.commit() -> detokenize / stop strings
+  scheduler.schedule() -> runner.launch() + collect() -> scheduler.commit() -> detokenize / stop strings
   -> proposer.observe() + propose() -> drafts for the next step.
 Offline (LLM.generate) and online (the HTTP server) both drive this same object.
 """
@@ -143,7 +143,8 @@ class LLMEngine:
         handle = self.runner.launch(sched, self.pending_draft_probs, {})
         result = self.runner.collect(handle)
         touched = self._commit(sched, result, optimistic=False)
-        self._after_step(sched, result, handle)
+        if self.proposer is not None:
+            self._propose(sched, handle, {})
         return [self._output(g) for g in touched.values()]
 
     def _step_async(self) -> list[RequestOutput]:
@@ -231,10 +232,6 @@ class LLMEngine:
         self.num_audited_steps += result.audited
         self.audit_mismatches += result.audit_mismatches
         return touched
-
-    def _after_step(self, sched, result, handle) -> None:
-        if self.proposer is not None:
-            self._propose(sched, handle, {})
 
     def _propose(self, sched, handle, sources) -> None:
         self.proposer.observe(sched, StepResult(captured=handle.captured, token_offsets=handle.token_offsets))

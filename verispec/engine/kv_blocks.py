@@ -12,8 +12,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from verispec.engine import faults
-
 
 @dataclass
 class Block:
@@ -130,8 +128,3 @@ class BlockManager:
             blk.hash, blk.token_ids = h, toks
             self.cached.setdefault(h, blk.block_id)
             parent = h
-
-    def publish_early(self, block_ids: list[int], token_ids: list[int], num_scheduled_end: int) -> None:
-        """Fault injection only: publish before the K/V is written (the early_prefix_publish bug)."""
-        if faults.active("early_prefix_publish"):
-            self.publish(block_ids, token_ids, num_scheduled_end)

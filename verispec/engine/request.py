@@ -71,7 +71,3 @@ class Request:
     @property
     def max_tokens(self) -> int:
         return self.params.max_tokens if self.params.max_tokens is not None else 1 << 30
-
-    def token_at(self, i: int) -> int:
-        p = len(self.prompt_token_ids)
-        return self.prompt_token_ids[i] if i < p else self.output_token_ids[i - p]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from verispec.engine import faults
 from verispec.engine.kv_blocks import BlockManager
 from verispec.engine.request import Request, Status
 from verispec.worker.token_state import PLACEHOLDER
@@ -121,8 +122,10 @@ class Scheduler:
             self.running.append(req)
             out.scheduled.append(ScheduledRequest(req, req.num_computed_tokens, num_new, 0))
             budget -= num_new
-        for s in out.scheduled:
-            self.blocks.publish_early(s.request.block_ids, s.request.all_token_ids, s.request.num_tokens)
+        if faults.active("early_prefix_publish"):
+            # The planted bug: hashes published before the K/V of later chunks is written.
+            for s in out.scheduled:
+                self.blocks.publish(s.request.block_ids, s.request.all_token_ids, s.request.num_tokens)
         return out
 
     def _allocate_or_preempt(self, req: Request, num_tokens: int, out: SchedulerOutput) -> bool:

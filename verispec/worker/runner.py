@@ -131,10 +131,6 @@ class ModelRunner:
         self.generators.pop(req_id, None)
 
     # ---- one step --------------------------------------------------------------------------
-    def execute(self, sched: SchedulerOutput, draft_probs: dict[str, torch.Tensor] | None = None) -> StepResult:
-        """Launch and collect at once (the synchronous loop)."""
-        return self.collect(self.launch(sched, draft_probs or {}, {}))
-
     @torch.inference_mode()
     def launch(
         self,
