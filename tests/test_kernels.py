@@ -163,6 +163,35 @@ def test_rotary(device, dtype, heads, kv_heads, head_dim):
 
 
 @pytest.mark.parametrize("device,dtype", DEVICES)
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(14, 2, 64), (12, 2, 128), (5, 3, 32)])
+def test_rotary_write_kv(device, dtype, heads, kv_heads, head_dim):
+    """q rotated in place, rotated k and v in their cache slots; q/k/v are views of one qkv row."""
+    from verispec.models.layers.rotary import RotaryEmbedding
+
+    rot = RotaryEmbedding(head_dim, 500, 1e6).to(device)
+    g = torch.Generator().manual_seed(heads + 1)
+    t = 9
+    qkv = torch.randn(t, (heads + 2 * kv_heads) * head_dim, generator=g).to(device, dtype)
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    q, k, v = q.view(t, heads, head_dim), k.view(t, kv_heads, head_dim), v.view(t, kv_heads, head_dim)
+    pos = torch.randint(0, 500, (t,), generator=g).to(device)
+    slots = torch.randperm(40, generator=g)[:t].to(device)
+    slots[3] = -1  # not written
+    cache = torch.randn(2, 40, kv_heads, head_dim, generator=g).to(device, dtype)
+    ref_q, ref_k = rot(pos, q, k)
+    want = cache.clone()
+    ok = slots >= 0
+    write_kv(want, ref_k[ok], v[ok], slots[ok])
+    got = cache.clone()
+    fused.rotary_write_kv_(pos, q, k, v, rot.cos, rot.sin, got, slots)
+    torch.testing.assert_close(q, ref_q, **tol(dtype))
+    torch.testing.assert_close(got, want, **tol(dtype))
+    keep = torch.ones(40, dtype=torch.bool, device=device)
+    keep[slots[slots >= 0]] = False
+    assert torch.equal(got[:, keep], cache[:, keep])
+
+
+@pytest.mark.parametrize("device,dtype", DEVICES)
 def test_silu_and_mul(device, dtype):
     g = torch.Generator().manual_seed(8)
     gu = torch.randn(5, 2 * 1500, generator=g).to(device, dtype)

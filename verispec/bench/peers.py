@@ -40,7 +40,7 @@ def hf_model(model: CausalLM):
         tie_word_embeddings=c.tie_word_embeddings, rope_theta=c.rope_theta,
         rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta},
     )
-    params = dict(model.named_parameters())
+    params = model.hf_state_dict()
     weight = params["model.embed_tokens.weight"]
     old = torch.get_default_dtype()
     torch.set_default_dtype(weight.dtype)

@@ -3,6 +3,7 @@
   * rms_norm(x, weight, eps, residual=None): RMSNorm, optionally fused with the residual add;
     same rounding as RMSNorm.forward (the sum is rounded to x.dtype before it is normalized).
   * rotary_(positions, q, k, cos, sin): NeoX rotate-half rotary, in place on q and k.
+  * rotary_write_kv_(...): rotary on q in place, and k rotated + v written into the paged KV cache.
   * silu_and_mul(gate, up): SiLU(gate) * up in one pass (float32 math, one rounding).
 
 enable_triton(model) switches a CausalLM to these kernels plus triton_attention / triton_write_kv.
@@ -106,6 +107,48 @@ def rotary_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torc
             KH_PAD=triton.next_power_of_2(k.shape[1]), HALF=head_dim // 2, num_warps=4,
         )
     return q, k
+
+
+@triton.jit
+def _rotary_write_kv_kernel(pos_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, cache_ptr, slot_ptr,
+                            stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                            stride_c, stride_cs, stride_ch, n_q,
+                            NUM_KV: tl.constexpr, QH_PAD: tl.constexpr, KH_PAD: tl.constexpr, HALF: tl.constexpr):
+    """Rotate q in place; rotate k and store it with v into the token's cache slot (slot < 0: skip)."""
+    t = tl.program_id(0).to(tl.int64)
+    p = tl.load(pos_ptr + t).to(tl.int64)
+    d = tl.arange(0, HALF)[None, :]
+    cos = tl.load(cos_ptr + p * HALF + d)
+    sin = tl.load(sin_ptr + p * HALF + d)
+    _rotate_heads(q_ptr, t, stride_qt, stride_qh, n_q, cos, sin, QH_PAD, HALF)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    h = tl.arange(0, KH_PAD)[:, None]
+    ok = (h < NUM_KV) & (slot >= 0)
+    k1p = k_ptr + t * stride_kt + h * stride_kh + d
+    k1 = tl.load(k1p, mask=ok, other=0.0).to(tl.float32)
+    k2 = tl.load(k1p + HALF, mask=ok, other=0.0).to(tl.float32)
+    dst = cache_ptr + slot * stride_cs + h * stride_ch + d
+    tl.store(dst, (k1 * cos - k2 * sin).to(cache_ptr.dtype.element_ty), mask=ok)
+    tl.store(dst + HALF, (k2 * cos + k1 * sin).to(cache_ptr.dtype.element_ty), mask=ok)
+    vp = v_ptr + t * stride_vt + h * stride_vh + d
+    tl.store(dst + stride_c, tl.load(vp, mask=ok, other=0.0), mask=ok)
+    tl.store(dst + stride_c + HALF, tl.load(vp + HALF, mask=ok, other=0.0), mask=ok)
+
+
+def rotary_write_kv_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """rotary_ on q (in place) and on k, written with v straight into kv_cache [2, slots, KH, D] at
+    slot_mapping (negative: skipped); k itself is left unrotated (attention reads the cache)."""
+    num_tokens, num_q, head_dim = q.shape
+    assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and kv_cache.stride(-1) == 1
+    assert cos.dtype == torch.float32 and cos.shape[1] * 2 == head_dim and cos.is_contiguous()
+    if num_tokens:
+        _rotary_write_kv_kernel[(num_tokens,)](
+            positions, q, k, v, cos, sin, kv_cache, slot_mapping, q.stride(0), q.stride(1), k.stride(0),
+            k.stride(1), v.stride(0), v.stride(1), kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
+            num_q, NUM_KV=k.shape[1], QH_PAD=triton.next_power_of_2(num_q),
+            KH_PAD=triton.next_power_of_2(k.shape[1]), HALF=head_dim // 2, num_warps=4,
+        )
 
 
 def rotary_ref(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):

@@ -12,21 +12,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from verispec.config import ModelConfig
+from verispec.kernels.linear import gate_up_silu, linear
 from verispec.models.layers.attention import AttentionMetadata, reference_attention, write_kv
 from verispec.models.layers.norm import RMSNorm
 from verispec.models.layers.rotary import RotaryEmbedding
 
 
 class Attention(nn.Module):
-    use_triton = False  # fused KV-cache write kernel for CUDA tensors
+    use_triton = False  # skinny GEMV, fused rotary + KV-cache write kernels for CUDA tensors
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         h = cfg.hidden_size
-        self.q_proj = nn.Linear(h, cfg.num_heads * cfg.head_dim, bias=cfg.qkv_bias)
-        self.k_proj = nn.Linear(h, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
-        self.v_proj = nn.Linear(h, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.q_size, self.kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        # q, k and v in one GEMM: the checkpoint's q_proj / k_proj / v_proj stacked by build_model.
+        self.qkv_proj = nn.Linear(h, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, h, bias=False)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
@@ -36,37 +37,40 @@ class Attention(nn.Module):
 
     def forward(self, x, positions, rotary: RotaryEmbedding, meta: AttentionMetadata, kv_cache, attn_fn):
         t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        fast = self.use_triton and x.is_cuda
+        qkv = (linear if fast else F.linear)(x, self.qkv_proj.weight, self.qkv_proj.bias)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(positions, q, k)
-        if self.use_triton and k.is_cuda:
-            from verispec.kernels.paged_attention import triton_write_kv
+        if fast and rotary.use_triton:
+            from verispec.kernels.fused import rotary_write_kv_
 
-            triton_write_kv(kv_cache, k, v, meta.slot_mapping)
+            rotary_write_kv_(positions, q, k, v, rotary.cos, rotary.sin, kv_cache, meta.slot_mapping)
         else:
+            q, k = rotary(positions, q, k)
             write_kv(kv_cache, k, v, meta.slot_mapping)
         out = attn_fn(q, kv_cache, meta, self.scale)
-        return self.o_proj(out.reshape(t, -1))
+        return (linear if fast else F.linear)(out.reshape(t, -1), self.o_proj.weight)
 
 
 class MLP(nn.Module):
-    use_triton = False  # fused SiLU-and-mul kernel for CUDA tensors
+    use_triton = False  # skinny GEMV with fused SiLU-and-mul for CUDA tensors
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        # gate and up in one GEMM: the checkpoint's gate_proj / up_proj stacked by build_model.
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x):
         if self.use_triton and x.is_cuda:
-            from verispec.kernels.fused import silu_and_mul
-
-            return self.down_proj(silu_and_mul(self.gate_proj(x), self.up_proj(x)))
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            return linear(gate_up_silu(x, self.gate_up_proj.weight), self.down_proj.weight)
+        y = F.linear(x, self.gate_up_proj.weight)
+        gate, up = y.chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down_proj.weight)
 
 
 class DecoderLayer(nn.Module):
@@ -138,13 +142,53 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits in float32 for the given hidden states."""
-        return F.linear(hidden, self.lm_head_weight).float()
+        fast = self.model.norm.use_triton and hidden.is_cuda
+        return (linear if fast else F.linear)(hidden, self.lm_head_weight).float()
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """Parameters under Hugging Face's names (the fused projections split back, as views)."""
+        return unfuse_projections({n: p for n, p in self.named_parameters()}, self.config)
+
+
+_QKV = ("q_proj", "k_proj", "v_proj")
+_GATE_UP = ("gate_proj", "up_proj")
+
+
+def fuse_projections(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Hugging Face names -> ours: per layer, q/k/v_proj stacked into qkv_proj, gate/up_proj into
+    gate_up_proj (weights and biases), in place (so the parts are freed as they are stacked).
+    Tensors already under the fused names pass through."""
+    out = sd
+    for i in range(cfg.num_layers):
+        for mod, parts, fused in (("self_attn", _QKV, "qkv_proj"), ("mlp", _GATE_UP, "gate_up_proj")):
+            for kind in ("weight", "bias"):
+                names = [f"model.layers.{i}.{mod}.{p}.{kind}" for p in parts]
+                if all(n in out for n in names):
+                    out[f"model.layers.{i}.{mod}.{fused}.{kind}"] = torch.cat([out.pop(n) for n in names])
+    return out
+
+
+def unfuse_projections(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """The inverse of fuse_projections (views of the fused tensors)."""
+    out = dict(sd)
+    q, kv, inter = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
+    for i in range(cfg.num_layers):
+        for mod, parts, fused, sizes in (("self_attn", _QKV, "qkv_proj", [q, kv, kv]),
+                                         ("mlp", _GATE_UP, "gate_up_proj", [inter, inter])):
+            for kind in ("weight", "bias"):
+                t = out.pop(f"model.layers.{i}.{mod}.{fused}.{kind}", None)
+                if t is not None:
+                    for p, piece in zip(parts, t.split(sizes), strict=True):
+                        out[f"model.layers.{i}.{mod}.{p}.{kind}"] = piece
+    return out
 
 
 def build_model(cfg: ModelConfig, state_dict: dict[str, torch.Tensor], device, dtype) -> CausalLM:
-    """Instantiate on the meta device, then bind the loaded tensors (no double allocation)."""
+    """Instantiate on the meta device, then bind the loaded tensors (no double allocation beyond
+    one layer's fused projections). state_dict may use Hugging Face's names or ours."""
     with torch.device("meta"):
         model = CausalLM(cfg)
+    state_dict = fuse_projections(state_dict, cfg)
     missing = []
     for name, param in model.named_parameters():
         t = state_dict.get(name)

@@ -1,0 +1,58 @@
+"""The skinny linear kernels vs torch, on random odd sizes (interpreter on CPU, compiled bf16 on CUDA)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from verispec.kernels import linear as lin
+
+CPU = pytest.param("cpu", torch.float32, id="cpu-fp32")
+GPU = pytest.param("cuda", torch.bfloat16, id="cuda-bf16", marks=pytest.mark.gpu)
+
+
+def tol(dtype: torch.dtype) -> dict:
+    return dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+
+
+def rand(*shape, seed: int, device: str, dtype: torch.dtype) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(device, dtype)
+
+
+@pytest.mark.parametrize("device,dtype", [CPU, GPU])
+@pytest.mark.parametrize("m,n,k", [(1, 37, 129), (1, 300, 1000), (3, 45, 77), (5, 33, 260), (16, 70, 48), (13, 9, 530)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_skinny_linear(device, dtype, m, n, k, bias):
+    x = rand(m, k, seed=m * 7 + n, device=device, dtype=dtype)
+    w = rand(n, k, seed=k, device=device, dtype=dtype) * k**-0.5
+    b = rand(n, seed=n, device=device, dtype=dtype) if bias else None
+    out = lin.skinny_linear(x, w, b)
+    assert out.shape == (m, n) and not out.isnan().any()
+    torch.testing.assert_close(out.float(), lin.skinny_linear_ref(x, w, b).float(), **tol(dtype))
+
+
+@pytest.mark.parametrize("device,dtype", [CPU, GPU])
+@pytest.mark.parametrize("m,inter,k", [(1, 35, 129), (2, 64, 100), (7, 19, 300)])
+def test_gate_up_silu(device, dtype, m, inter, k):
+    x = rand(m, k, seed=m, device=device, dtype=dtype)
+    w = rand(2 * inter, k, seed=inter, device=device, dtype=dtype) * k**-0.5
+    out = lin.skinny_linear(x, w, silu_mul=True)
+    assert out.shape == (m, inter)
+    torch.testing.assert_close(out.float(), lin.skinny_linear_ref(x, w, silu_mul=True).float(), **tol(dtype))
+
+
+@pytest.mark.parametrize("device,dtype", [CPU, GPU])
+def test_strided_rows_and_wide_output(device, dtype):
+    """x may be a row-strided view (e.g. gathered hidden rows); a wide N uses the bigger column tile."""
+    base = rand(4, 300, seed=1, device=device, dtype=dtype)
+    x = base[::2, :260]
+    w = rand(5000, 260, seed=2, device=device, dtype=dtype) * 260**-0.5
+    torch.testing.assert_close(lin.skinny_linear(x, w).float(), lin.skinny_linear_ref(x, w).float(), **tol(dtype))
+
+
+def test_dispatch_falls_back_to_torch_on_cpu():
+    x, w = torch.randn(3, 8), torch.randn(5, 8)
+    torch.testing.assert_close(lin.linear(x, w), torch.nn.functional.linear(x, w))
+    gu = torch.randn(10, 8)
+    want = torch.nn.functional.silu(x @ gu[:5].T) * (x @ gu[5:].T)
+    torch.testing.assert_close(lin.gate_up_silu(x, gu), want)

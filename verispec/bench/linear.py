@@ -1,0 +1,111 @@
+"""`verispec bench linear`: the model's linear layers, our path against torch.nn.functional.linear, in GB/s.
+
+For each of the model's weight shapes (fused qkv, o, fused gate_up with SiLU-and-mul, down, lm_head)
+and each row count M, times torch (F.linear, plus the separate SiLU-and-mul kernel for gate_up) and
+verispec's path (verispec.kernels.linear: the skinny Triton kernel for M <= SKINNY_MAX_ROWS, else
+torch). Each timed call reads a different copy of the weight (copies totalling > 4x the L2 cache),
+so the figures are HBM bandwidth, not cache bandwidth. --sweep also tries a grid of tile sizes for
+the skinny kernel and prints the best per shape (how skinny_config's table was chosen).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+import torch.nn.functional as F
+
+from verispec.bench.hardware import HBM_BYTES_PER_S
+from verispec.config import ModelConfig
+
+L2_BYTES = 50 << 20  # H200: 50 MiB
+
+
+def model_shapes(cfg: ModelConfig) -> list[tuple[str, int, int, bool]]:
+    """(name, N, K, silu_mul) of every distinct linear layer of a decoder step."""
+    h, q, kv, inter = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
+    return [("qkv_proj", q + 2 * kv, h, False), ("o_proj", h, q, False), ("gate_up_proj+silu", 2 * inter, h, True),
+            ("down_proj", h, inter, False), ("lm_head", cfg.vocab_size, h, False)]
+
+
+def _time(fn, weights: list[torch.Tensor], iters: int) -> float:
+    """Mean seconds per call, cycling through the weight copies."""
+    for w in weights[:3]:
+        fn(w)
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for i in range(iters):
+        fn(weights[i % len(weights)])
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) / 1e3 / iters
+
+
+def _sweep_configs(m: int) -> list[dict]:
+    if m == 1:
+        grid = itertools.product([1], [2, 4, 8, 16], [256, 512, 1024], [4, 8], [3, 4], [False])
+    elif m <= 4:
+        grid = itertools.product([triton_pow2(m)], [4, 8, 16], [128, 256, 512], [4], [3], [False])
+    else:
+        grid = itertools.product([16], [16, 32, 64], [64, 128, 256], [4], [3, 4], [True])
+    return [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=s, USE_DOT=d)
+            for bm, bn, bk, w, s, d in grid]
+
+
+def triton_pow2(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(n)))
+
+
+def run_linear(cfg: ModelConfig, rows: list[int], device: torch.device, dtype: torch.dtype, sweep: bool,
+               iters: int = 200) -> list[dict]:
+    """One result row per (shape, M): torch and verispec seconds and GB/s (and the best swept config)."""
+    from verispec.kernels import linear as lin
+    from verispec.kernels.fused import silu_and_mul
+
+    out = []
+    for name, n, k, silu in model_shapes(cfg):
+        wbytes = n * k * torch.tensor([], dtype=dtype).element_size()
+        copies = max(2, math.ceil(4 * L2_BYTES / wbytes))
+        weights = [torch.randn(n, k, device=device, dtype=dtype) * k**-0.5 for _ in range(copies)]
+        for m in rows:
+            x = torch.randn(m, k, device=device, dtype=dtype)
+
+            def torch_fn(w, x=x, n=n, silu=silu):
+                y = F.linear(x, w)
+                return silu_and_mul(y[:, : n // 2], y[:, n // 2 :]) if silu else y
+
+            def ours(w, x=x, silu=silu):
+                return lin.gate_up_silu(x, w) if silu else lin.linear(x, w)
+
+            t_torch, t_ours = _time(torch_fn, weights, iters), _time(ours, weights, iters)
+            row = dict(layer=name, m=m, n=n, k=k, weight_mb=wbytes / 1e6, torch_us=t_torch * 1e6, ours_us=t_ours * 1e6,
+                       torch_gbs=wbytes / t_torch / 1e9, ours_gbs=wbytes / t_ours / 1e9,
+                       ours_hw=wbytes / t_ours / HBM_BYTES_PER_S, speedup=t_torch / t_ours)
+            if sweep and m <= lin.SKINNY_MAX_ROWS:
+                best = None
+                for c in _sweep_configs(m):
+                    try:
+                        t = _time(lambda w, c=c, x=x, s=silu: lin.skinny_linear(x, w, silu_mul=s, config=c), weights, iters // 2)
+                    except Exception:  # noqa: BLE001 - a tile that does not compile (out of resources)
+                        continue
+                    if best is None or t < best[0]:
+                        best = (t, c)
+                if best:
+                    row["best_us"], row["best_config"] = best[0] * 1e6, best[1]
+                    row["best_gbs"] = wbytes / best[0] / 1e9
+            out.append(row)
+            print(_fmt(row), flush=True)
+        del weights
+        torch.cuda.empty_cache()
+    return out
+
+
+def _fmt(r: dict) -> str:
+    s = (f"{r['layer']:>18} M={r['m']:<3} {r['n']}x{r['k']} ({r['weight_mb']:.1f} MB): torch {r['torch_us']:8.1f} us "
+         f"{r['torch_gbs']:7.0f} GB/s | ours {r['ours_us']:8.1f} us {r['ours_gbs']:7.0f} GB/s "
+         f"({100 * r['ours_hw']:.0f}% of 4.3 TB/s, x{r['speedup']:.2f})")
+    if "best_config" in r:
+        s += f" | best {r['best_us']:.1f} us {r['best_gbs']:.0f} GB/s {r['best_config']}"
+    return s
