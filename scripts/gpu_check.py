@@ -103,17 +103,23 @@ def graph_checks(model: CausalLM, kv: list[torch.Tensor]) -> CudaGraphRunner:
     graphs = CudaGraphRunner(model, kv, max_batch=16, query_lens=(1, 1 + K), block_size=BS,
                              max_blocks_per_seq=512, with_logits=True)
     rows.append(("graph capture (s)", "", "", "", f"{graphs.capture_seconds:.1f}", "", ""))
+    # The same padded forward, run eagerly: a replay must equal it bitwise (same kernels, same
+    # shapes). Against the unpadded eager forward only rounding differs (another split-K factor).
+    padded = CudaGraphRunner(model, kv, max_batch=16, query_lens=(1, 1 + K), block_size=BS,
+                             max_blocks_per_seq=512, with_logits=True, capture=False)
     rng = random.Random(1)
     vocab = model.config.vocab_size
     for n in (1, 3, 16):
         for q in (1, 1 + K):
-            worst_g, worst_r, agree = 0.0, 0.0, []
+            worst_g, worst_r, agree, bitwise = 0.0, 0.0, [], True
             for _ in range(4):  # fresh metadata every replay
                 chunks = random_step(n, q, rng, vocab)
                 ids, pos, meta = build_batch(chunks, BS, DEV)
                 out = graphs.run(ids, pos, meta, n, q)
                 assert out is not None
-                g_logits = out.logits.clone()
+                g_logits, g_hidden = out.logits.clone(), out.hidden
+                p_out = padded.run(ids, pos, meta, n, q)
+                bitwise &= torch.equal(g_hidden, p_out.hidden) and torch.equal(g_logits, p_out.logits)
                 h_eager, _ = model(ids, pos, meta, kv)
                 e_logits = model.compute_logits(h_eager)
                 model.attn_fn = reference_attention
@@ -122,8 +128,9 @@ def graph_checks(model: CausalLM, kv: list[torch.Tensor]) -> CudaGraphRunner:
                 worst_g = max(worst_g, rel(out.hidden, h_eager))
                 worst_r = max(worst_r, rel(h_eager, h_ref))
                 agree.append((g_logits.argmax(-1) == e_logits.argmax(-1)).float().mean().item())
-            check(worst_g < 1e-2 and min(agree) > 0.9,
-                  f"graph vs eager n={n} q={q}: rel err {worst_g:.1e}, argmax agree {min(agree):.3f} "
+            check(bitwise and worst_g < 5e-2 and min(agree) > 0.9,
+                  f"graph == padded eager bitwise: {bitwise}; graph vs unpadded eager n={n} q={q}: rel err "
+                  f"{worst_g:.1e}, argmax agree {min(agree):.3f} "
                   f"(eager triton vs reference rel err {worst_r:.1e})")
     return graphs
 

@@ -4,7 +4,8 @@ For each of the model's weight shapes (fused qkv, o, fused gate_up with SiLU-and
 and each row count M, times torch (F.linear, plus the separate SiLU-and-mul kernel for gate_up) and
 verispec's path (verispec.kernels.linear: the skinny Triton kernel for M <= SKINNY_MAX_ROWS, else
 torch). Each timed call reads a different copy of the weight (copies totalling > 4x the L2 cache),
-so the figures are HBM bandwidth, not cache bandwidth. --sweep also tries a grid of tile sizes for
+so the figures are HBM bandwidth, not cache bandwidth; the calls are replayed from a CUDA graph, as
+in the engine, so they are GPU time without Python launch overhead. --sweep also tries a grid of tile sizes for
 the skinny kernel and prints the best per shape (how skinny_config's table was chosen).
 """
 
@@ -30,17 +31,25 @@ def model_shapes(cfg: ModelConfig) -> list[tuple[str, int, int, bool]]:
 
 
 def _time(fn, weights: list[torch.Tensor], iters: int) -> float:
-    """Mean seconds per call, cycling through the weight copies."""
-    for w in weights[:3]:
-        fn(w)
+    """Mean GPU seconds per call: `iters` calls (cycling through the weight copies) captured in one
+    CUDA graph and replayed, so Python launch overhead is not measured."""
+    for w in weights[:2]:
+        fn(w)  # compile / pick kernels outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(iters):
+            fn(weights[i % len(weights)])
+    graph.replay()
     torch.cuda.synchronize()
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     a.record()
-    for i in range(iters):
-        fn(weights[i % len(weights)])
+    for _ in range(3):
+        graph.replay()
     b.record()
     torch.cuda.synchronize()
-    return a.elapsed_time(b) / 1e3 / iters
+    del graph
+    return a.elapsed_time(b) / 1e3 / (3 * iters)
 
 
 def _sweep_configs(m: int) -> list[dict]:
@@ -59,7 +68,7 @@ def triton_pow2(n: int) -> int:
 
 
 def run_linear(cfg: ModelConfig, rows: list[int], device: torch.device, dtype: torch.dtype, sweep: bool,
-               iters: int = 200) -> list[dict]:
+               iters: int = 100) -> list[dict]:
     """One result row per (shape, M): torch and verispec seconds and GB/s (and the best swept config)."""
     from verispec.kernels import linear as lin
     from verispec.kernels.fused import silu_and_mul

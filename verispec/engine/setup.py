@@ -107,10 +107,11 @@ def assemble_parts(config: EngineConfig, tok, model: CausalLM, device, dtype, t0
     capture = proposer.capture_layers if proposer is not None else ()
     graph_options = None
     if use_graphs:
-        # Decode shapes only: verify shapes (1 + k queries) showed a padding bug on the H200
-        # (graph vs eager mismatch at batch 3 padded to 4, q=5), so verify steps run eager for now.
+        # Decode shapes (1 query) and, with speculation, verify shapes (1 + k queries).
+        spec = config.speculative_config
+        query_lens = (1,) if spec is None else (1, 1 + spec.num_speculative_tokens)
         graph_options = dict(
-            max_batch=min(config.max_num_seqs, 256), query_lens=(1,),
+            max_batch=min(config.max_num_seqs, 256), query_lens=query_lens,
             max_blocks_per_seq=-(-max_model_len // config.block_size),
         )
     runner = ModelRunner(model, num_blocks, config.block_size, device, dtype, config.seed, capture,

@@ -72,16 +72,18 @@ def _skinny_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
-def skinny_config(m: int, n_out: int, k: int, silu_mul: bool = False) -> dict:
-    """Tile sizes for an [m, k] x [k, n_out] product (chosen by `verispec bench linear --sweep` on an H200)."""
+def skinny_config(m: int, n_out: int, k: int, silu_mul: bool = False) -> dict | None:
+    """Tile sizes for an [m, k] x [k, n_out] product, or None where cuBLAS is as fast (measured on
+    an H200 with `verispec bench linear --sweep`, see docs/BENCHMARKS.md): a huge N (the LM head,
+    where cuBLAS streams at ~96% of HBM bandwidth) and K >> N (down_proj: cuBLAS splits K, this
+    kernel does not)."""
+    if n_out >= 32768 or k >= 4 * n_out:
+        return None
+    if silu_mul:
+        return dict(USE_DOT=True, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=3)
     if m == 1:
-        block_n = 4 if n_out <= 4096 else 16
-        if silu_mul:
-            block_n = max(4, block_n // 2)
-        return dict(USE_DOT=False, BLOCK_M=1, BLOCK_N=block_n, BLOCK_K=512, num_warps=4, num_stages=4)
-    if m <= 4:
-        return dict(USE_DOT=False, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=4, BLOCK_K=256, num_warps=4, num_stages=3)
-    return dict(USE_DOT=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, num_warps=4, num_stages=3)
+        return dict(USE_DOT=False, BLOCK_M=1, BLOCK_N=2, BLOCK_K=1024, num_warps=4, num_stages=4)
+    return dict(USE_DOT=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, num_warps=4, num_stages=4)
 
 
 def skinny_linear(
@@ -97,7 +99,7 @@ def skinny_linear(
     out = torch.empty(m, n_out, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    cfg = dict(config or skinny_config(m, n_out, k, silu_mul))
+    cfg = dict(config or skinny_config(m, n_out, k, silu_mul) or _FALLBACK)
     grid = (triton.cdiv(n_out, cfg["BLOCK_N"]), triton.cdiv(m, cfg["BLOCK_M"]))
     _skinny_kernel[grid](
         x, weight, bias if bias is not None else weight, out, m, n_out, n_out if silu_mul else 0,
@@ -107,20 +109,26 @@ def skinny_linear(
     return out
 
 
-def _skinny(x: torch.Tensor) -> bool:
-    return ENABLED and x.is_cuda and x.dim() == 2 and 0 < x.shape[0] <= SKINNY_MAX_ROWS and x.stride(1) == 1
+_FALLBACK = dict(USE_DOT=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=128, num_warps=4, num_stages=3)  # forced use
+
+
+def _skinny(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False) -> bool:
+    if not (ENABLED and x.is_cuda and x.dim() == 2 and 0 < x.shape[0] <= SKINNY_MAX_ROWS and x.stride(1) == 1):
+        return False
+    n_out = weight.shape[0] // 2 if silu_mul else weight.shape[0]
+    return skinny_config(x.shape[0], n_out, x.shape[1], silu_mul) is not None
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear, through the skinny kernel when it pays (CUDA, few rows)."""
-    if _skinny(x):
+    """F.linear, through the skinny kernel where it pays (CUDA, few rows, a shape it wins on)."""
+    if _skinny(x, weight):
         return skinny_linear(x, weight, bias)
     return F.linear(x, weight, bias)
 
 
 def gate_up_silu(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
     """silu(x @ gate^T) * (x @ up^T) for gate_up = [gate; up] stacked along the output dim."""
-    if _skinny(x):
+    if _skinny(x, gate_up, silu_mul=True):
         return skinny_linear(x, gate_up, silu_mul=True)
     y = F.linear(x, gate_up)
     inter = gate_up.shape[0] // 2

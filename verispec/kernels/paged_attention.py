@@ -133,27 +133,24 @@ def _attn_kernel(
 @triton.jit
 def _combine_kernel(
     out_ptr, po_ptr, pm_ptr, pl_ptr, num_tokens, stride_ot, stride_oh,
-    NUM_HEADS: tl.constexpr, H_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    SPLIT_PAD: tl.constexpr,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLIT_PAD: tl.constexpr,
 ):
-    """Merge the split-K partials of one token, all heads: [S, H] (m, l) and [S, H, D] acc."""
+    """Merge the split-K partials of one (token, head): [S] (m, l) and [S, D] acc."""
     t = tl.program_id(0).to(tl.int64)
-    s = tl.arange(0, SPLIT_PAD)[:, None]
-    h = tl.arange(0, H_PAD)[None, :]
-    ok = (s < NUM_SPLITS) & (h < NUM_HEADS)
-    row = (s * num_tokens + t) * NUM_HEADS + h  # [S, H]
+    h = tl.program_id(1)
+    s = tl.arange(0, SPLIT_PAD)
+    ok = s < NUM_SPLITS
+    row = (s * num_tokens + t) * NUM_HEADS + h  # [S]
     m = tl.load(pm_ptr + row, mask=ok, other=float("-inf"))
     lsum = tl.load(pl_ptr + row, mask=ok, other=0.0)
     m_max = tl.max(m, 0)
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
-    w = tl.exp2(m - m_max[None, :])  # [S, H]
-    denom = tl.sum(w * lsum, 0)  # [H]
-    d = tl.arange(0, HEAD_DIM)[None, None, :]
-    o = tl.load(po_ptr + row[:, :, None] * HEAD_DIM + d, mask=ok[:, :, None], other=0.0)
-    o = tl.sum(o * w[:, :, None], 0) / tl.where(denom > 0, denom, 1.0)[:, None]  # [H, D]
-    hh = tl.arange(0, H_PAD)[:, None]
-    tl.store(out_ptr + t * stride_ot + hh * stride_oh + tl.arange(0, HEAD_DIM)[None, :],
-             o.to(out_ptr.dtype.element_ty), mask=hh < NUM_HEADS)
+    w = tl.exp2(m - m_max)  # [S]
+    denom = tl.sum(w * lsum, 0)
+    d = tl.arange(0, HEAD_DIM)[None, :]
+    o = tl.load(po_ptr + row[:, None] * HEAD_DIM + d, mask=ok[:, None], other=0.0)
+    o = tl.sum(o * w[:, None], 0) / tl.where(denom > 0, denom, 1.0)  # [D]
+    tl.store(out_ptr + t * stride_ot + h * stride_oh + tl.arange(0, HEAD_DIM), o.to(out_ptr.dtype.element_ty))
 
 
 def _num_sms(device: torch.device) -> int:
@@ -228,10 +225,10 @@ def triton_attention(
         num_warps=4, num_stages=3,
     )
     if num_splits > 1:
-        _combine_kernel[(num_tokens,)](
+        _combine_kernel[(num_tokens, num_heads)](
             out, po, pm, pl, num_tokens, out.stride(0), out.stride(1),
-            NUM_HEADS=num_heads, H_PAD=triton.next_power_of_2(num_heads), HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
-            SPLIT_PAD=triton.next_power_of_2(num_splits), num_warps=4,
+            NUM_HEADS=num_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
+            SPLIT_PAD=triton.next_power_of_2(num_splits), num_warps=1,
         )
     return out
 
