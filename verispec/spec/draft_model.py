@@ -7,6 +7,11 @@ num_computed_tokens (rollback = moving a length; positions past it are overwritt
 Drafts stay on the device (Proposal.device); the host gets PLACEHOLDER mirrors, so the overlapped
 loop never waits for draft values. "self" is this proposer with the target model itself (an
 oracle: greedy acceptance ~100%).
+
+Shapes are kept uniform so the drafter's steps replay CUDA graphs: the catch-up forward that
+brings the draft cache level with the target always covers the last k + 1 tokens (recomputing K/V
+of positions it already holds, which gives the same values), and each further draft step is one
+token per request. On CUDA (without enforce_eager) bind() captures graphs for both shapes.
 """
 
 from __future__ import annotations
@@ -27,10 +32,14 @@ from verispec.worker.token_state import PLACEHOLDER, DeviceTokens, combine_input
 class DraftModelProposer(Proposer):
     needs_host_tokens = False
 
-    def __init__(self, model: CausalLM, num_speculative_tokens: int, device, dtype, seed: int = 0) -> None:
+    def __init__(self, model: CausalLM, num_speculative_tokens: int, device, dtype, seed: int = 0,
+                 graph_max_batch: int = 0) -> None:
+        """graph_max_batch > 0: capture CUDA graphs for batches up to that size (CUDA only)."""
         super().__init__(num_speculative_tokens)
         self.model = model
         self.device, self.dtype, self.seed = device, dtype, seed
+        self.graph_max_batch = graph_max_batch
+        self.graphs = None
         self.kv_caches: list[torch.Tensor] = []
         self.written: dict[str, int] = {}
         self.generators: dict[str, torch.Generator] = {}
@@ -39,6 +48,12 @@ class DraftModelProposer(Proposer):
         super().bind(num_blocks, block_size, max_model_len)
         c = self.model.config
         self.kv_caches = allocate_kv_cache(c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim, self.dtype, self.device)
+        if self.graph_max_batch > 0 and torch.device(self.device).type == "cuda":
+            from verispec.worker.graphs import CudaGraphRunner
+
+            # Scratch block: the cache's last block, which the engine never hands to a request.
+            self.graphs = CudaGraphRunner(self.model, self.kv_caches, self.graph_max_batch, query_lens=(1, 1 + self.k),
+                                          block_size=block_size, max_blocks_per_seq=-(-max_model_len // block_size))
 
     def free_request(self, request_id: str) -> None:
         self.written.pop(request_id, None)
@@ -75,7 +90,7 @@ class DraftModelProposer(Proposer):
             return out
         ks = [self.num_drafts_for(r) for r in reqs]
         kmax = max(ks)
-        logits = self._forward_chunks([(r, self._written(r), r.num_tokens) for r in reqs], sources or {})
+        logits = self._forward_chunks([(r, self._catch_up_start(r), r.num_tokens) for r in reqs], sources or {})
         drafts = torch.full((len(reqs), kmax), PLACEHOLDER, dtype=torch.long, device=self.device)
         probs: dict[str, list[torch.Tensor]] = {r.request_id: [] for r in reqs}
         active = list(range(len(reqs)))
@@ -98,6 +113,11 @@ class DraftModelProposer(Proposer):
         out.probs = {rid: torch.stack(p) for rid, p in probs.items() if p}
         return out
 
+    def _catch_up_start(self, req: Request) -> int:
+        """First position of the catch-up forward: the last k + 1 tokens (uniform shape), or from
+        the first position the draft cache lacks when that is earlier."""
+        return max(0, min(self._written(req), req.num_tokens - (self.k + 1)))
+
     def _forward_chunks(self, items: list[tuple[Request, int, int]], sources: dict) -> torch.Tensor:
         """Forward tokens [start, end) of each request (placeholders combined on the device)."""
         host_ids, owners, chunks = [], [], []
@@ -111,7 +131,8 @@ class DraftModelProposer(Proposer):
     def _forward(self, chunks: list[SeqChunk], input_ids: torch.Tensor) -> torch.Tensor:
         with_ref = self.model.attn_fn is reference_attention
         _, pos, meta = build_batch(chunks, self.block_size, self.device, token_ids=False, with_reference=with_ref)
-        hidden, _ = self.model(input_ids, pos, meta, self.kv_caches)
+        out = self.graphs.run(input_ids, pos, meta, len(chunks), meta.max_query_len) if self.graphs else None
+        hidden = out.hidden if out is not None else self.model(input_ids, pos, meta, self.kv_caches)[0]
         last = meta.query_start_loc[1:].long() - 1
         return self.model.compute_logits(hidden[last])
 

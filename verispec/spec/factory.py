@@ -24,10 +24,12 @@ def build_proposer(
     from verispec.spec.ngram import NgramProposer
 
     k = sc.num_speculative_tokens
+    graphs = 0 if config.extra.get("enforce_eager", False) else min(config.max_num_seqs, 64)
     if sc.method == "ngram":
         return NgramProposer(k, sc.prompt_lookup_min, sc.prompt_lookup_max), 0
     if sc.method == "self":
-        return DraftModelProposer(target, k, device, dtype, config.seed), kv_bytes_per_block(target.config, config.block_size, dtype)
+        proposer = DraftModelProposer(target, k, device, dtype, config.seed, graph_max_batch=graphs)
+        return proposer, kv_bytes_per_block(target.config, config.block_size, dtype)
     if sc.method == "draft_model":
         loader = DRAFT_LOADER_OVERRIDE or load_model
         draft_tok, draft_cfg, draft = loader(sc.model, device, dtype)
@@ -36,7 +38,8 @@ def build_proposer(
             from verispec.kernels.fused import enable_triton
 
             enable_triton(draft)
-        return DraftModelProposer(draft, k, device, dtype, config.seed), kv_bytes_per_block(draft_cfg, config.block_size, dtype)
+        proposer = DraftModelProposer(draft, k, device, dtype, config.seed, graph_max_batch=graphs)
+        return proposer, kv_bytes_per_block(draft_cfg, config.block_size, dtype)
     if sc.method == "dflash":
         from verispec.spec.dflash import build_dflash_proposer
 
