@@ -77,21 +77,33 @@ class TrainOptions:
 
 # ---- training ------------------------------------------------------------------------------
 def make_batch(samples: list[Sample], anchors_per_seq: int, cfg: DFlashConfig, gen: torch.Generator) -> dict:
-    """Pad a few sequences and draw anchors in their responses (positions prompt_len .. len-2)."""
+    """Draw `anchors_per_seq` anchors in each sample's response (positions prompt_len .. len-2)
+    and pack the blocks (see pack_blocks)."""
+    anchors = torch.empty(len(samples), anchors_per_seq, dtype=torch.long)
+    for i, x in enumerate(samples):
+        n = x.tokens.numel()
+        lo = min(x.prompt_len, n - 2)
+        anchors[i] = torch.randint(lo, n - 1, (anchors_per_seq,), generator=gen).sort().values
+    return pack_blocks(samples, anchors, cfg)
+
+
+def pack_blocks(samples: list[Sample], anchors: torch.Tensor, cfg: DFlashConfig) -> dict:
+    """The training inputs for blocks at the given anchors [S, A] (absolute positions).
+
+    Block at anchor p: tokens [tok[p], MASK x (B-1)] at positions p .. p+B-1, context = target
+    features of positions < p, labels tok[p+j] for j = 1 .. B-1 (-100 past the sequence end)."""
     s, b, dev = len(samples), cfg.block_size, samples[0].feats.device
+    a = anchors.shape[1]
     lens = torch.tensor([x.tokens.numel() for x in samples])
     ctx = int(lens.max())
     feats = samples[0].feats.new_zeros(s, ctx, samples[0].feats.shape[1])
     toks = torch.zeros(s, ctx + b, dtype=torch.long, device=dev)
-    anchors = torch.empty(s, anchors_per_seq, dtype=torch.long)
     for i, x in enumerate(samples):
         n = x.tokens.numel()
         feats[i, :n], toks[i, :n] = x.feats, x.tokens
-        lo = min(x.prompt_len, n - 2)
-        anchors[i] = torch.randint(lo, n - 1, (anchors_per_seq,), generator=gen).sort().values
     anchors, lens = anchors.to(dev), lens.to(dev)
     idx = anchors[:, :, None] + torch.arange(b, device=dev)  # [S, A, B] absolute positions
-    labels = toks.gather(1, idx.view(s, -1)).view(s, anchors_per_seq, b)
+    labels = toks.gather(1, idx.view(s, -1)).view(s, a, b)
     labels = labels.masked_fill((idx >= lens[:, None, None]) | (idx == anchors[:, :, None]), -100)
     block = torch.full_like(labels, cfg.mask_token_id)
     block[:, :, 0] = toks.gather(1, anchors)
@@ -100,24 +112,30 @@ def make_batch(samples: list[Sample], anchors_per_seq: int, cfg: DFlashConfig, g
                 positions=idx.view(s, -1).clamp(max=cfg.max_position_embeddings - 1), valid=valid)
 
 
-def dflash_loss(drafter: DFlashDrafter, target: CausalLM, batch: dict) -> tuple[torch.Tensor, dict]:
-    """Position-decayed block cross-entropy; stats: per-position accuracy and the mean number of
-    leading correct drafts per block + 1 (an estimate of greedy acceptance length, tau)."""
-    cfg = drafter.config
+def block_hidden(drafter: DFlashDrafter, target: CausalLM, batch: dict) -> torch.Tensor:
+    """The drafter's final hidden states [S, A*B, H] for a packed batch (feed to target.compute_logits)."""
     s, ctx, nf = batch["feats"].shape
-    b = cfg.block_size
     pos = torch.arange(ctx, device=batch["feats"].device).repeat(s)
     ctx_kv = [(k.view(s, ctx, *k.shape[1:]), v.view(s, ctx, *v.shape[1:]))
               for k, v in drafter.context_kv(batch["feats"].reshape(s * ctx, nf), pos)]
-    mask = block_attention_mask(batch["anchors"], batch["valid"], b)
+    mask = block_attention_mask(batch["anchors"], batch["valid"], drafter.config.block_size)
     emb = target.embed(batch["block"]).float()  # residual stream in float32 (autocast does the matmuls)
-    hidden = drafter(emb, batch["positions"], ctx_kv, mask)
+    return drafter(emb, batch["positions"], ctx_kv, mask)
+
+
+def dflash_loss(drafter: DFlashDrafter, target: CausalLM, batch: dict) -> tuple[torch.Tensor, dict]:
+    """Position-decayed block cross-entropy; stats: per-position accuracy and `tau_uniform`, the mean
+    number of leading correct drafts + 1 over uniformly drawn anchors. tau_uniform overestimates
+    the engine's acceptance length (it weighs positions, the engine weighs steps, which crowd where
+    acceptance is low); evaluate() reports the engine's semantics as `tau`."""
+    b = drafter.config.block_size
+    hidden = block_hidden(drafter, target, batch)
     labels = batch["labels"].reshape(-1)
     sel = labels >= 0
     logits = target.compute_logits(hidden.reshape(-1, hidden.shape[-1])[sel])
     ce = F.cross_entropy(logits, labels[sel], reduction="none")
     j = torch.arange(labels.numel(), device=labels.device) % b
-    w = torch.exp(-(j[sel] - 1).float() / cfg.loss_gamma)
+    w = torch.exp(-(j[sel] - 1).float() / drafter.config.loss_gamma)
     loss = (ce * w).sum() / w.sum()
     with torch.no_grad():
         correct = torch.zeros_like(labels, dtype=torch.bool)
@@ -125,7 +143,7 @@ def dflash_loss(drafter: DFlashDrafter, target: CausalLM, batch: dict) -> tuple[
         grid = correct.view(-1, b)[:, 1:]
         acc = (grid.sum(0).float() / sel.view(-1, b)[:, 1:].sum(0).clamp_min(1)).tolist()
         tau = 1 + grid.long().cumprod(-1).sum(-1).float().mean().item()
-    return loss, {"acc_per_pos": [round(a, 4) for a in acc], "tau": tau}
+    return loss, {"acc_per_pos": [round(a, 4) for a in acc], "tau_uniform": tau}
 
 
 def train(engine, opts: TrainOptions) -> dict:
