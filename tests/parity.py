@@ -11,6 +11,7 @@ SPECS = {
     "ngram": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
     "self": {"method": "self", "num_speculative_tokens": 3},
     "draft_model": {"method": "draft_model", "num_speculative_tokens": 3, "model": "draft"},
+    "dflash": {"method": "dflash", "num_speculative_tokens": 3, "model": "drafter"},  # tests fill in the path
 }
 
 

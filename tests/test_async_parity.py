@@ -4,8 +4,11 @@ the real-model matrix is in test_async_parity_real.py)."""
 from __future__ import annotations
 
 import pytest
+import torch
 from parity import STRESS, run_scenario, scenario_params, scenario_prompts
-from tiny import run_all, tiny_config, tiny_engine, tiny_model
+from tiny import greedy_continuation, run_all, tiny_config, tiny_engine, tiny_model, trained_tiny_drafter
+
+from verispec.spec.dflash import save_drafter
 
 
 @pytest.fixture(scope="module")
@@ -13,26 +16,45 @@ def models():
     return tiny_model(), tiny_model(tiny_config(layers=1), seed=1)
 
 
-def make(models):
+@pytest.fixture(scope="module")
+def dflash_dir(models, tmp_path_factory):
+    """A DFlash drafter fitted a little to the target's greedy answers to the scenario prompts, so
+    that its drafts (greedy and sampled) are sometimes accepted."""
+    ps = scenario_prompts()
+    seqs = list(zip(ps, greedy_continuation(models[0], ps, 24), strict=True))
+    drafter, _ = trained_tiny_drafter(models[0], seqs, block_size=4, mask_id=tiny_config().vocab_size - 1,
+                                      steps=40, lr=2e-2, anchors=16)
+    path = tmp_path_factory.mktemp("parity_dflash")
+    save_drafter(drafter, path, torch.float32)
+    return path
+
+
+def make(models, drafter_dir=None):
     target, draft = models
 
     def build(spec, async_scheduling):
         override = draft if spec and spec["method"] == "draft_model" else None
+        if spec and spec["method"] == "dflash":
+            spec = {**spec, "model": str(drafter_dir)}
         return tiny_engine(target, spec=spec, draft_override=override, async_scheduling=async_scheduling, **STRESS)
 
     return build
 
 
-@pytest.mark.parametrize("method", ["none", "ngram", "self", "draft_model"])
-def test_sync_async_parity(models, method):
+@pytest.mark.parametrize("method", ["none", "ngram", "self", "draft_model", "dflash"])
+def test_sync_async_parity(models, method, request):
+    """Greedy and seeded sampled requests (scenario_params): same tokens and acceptance counters."""
     prompts, params = scenario_prompts(), scenario_params()
-    sync_toks, sync_c, sync_m, _ = run_scenario(make(models), method, False, prompts, params)
-    async_toks, async_c, async_m, eng = run_scenario(make(models), method, True, prompts, params)
+    build = make(models, request.getfixturevalue("dflash_dir") if method == "dflash" else None)
+    sync_toks, sync_c, sync_m, _ = run_scenario(build, method, False, prompts, params)
+    async_toks, async_c, async_m, eng = run_scenario(build, method, True, prompts, params)
     assert async_toks == sync_toks
     assert async_c == sync_c
     assert sync_m["num_preemptions"] > 0 and sync_m["prefix_cache_hits"] > 0
     if method != "none":
         assert sync_c["spec_decode_num_drafts"] > 0
+    if method == "dflash":  # drafts matter: a wrong draft in either loop would change the counters
+        assert sync_c["spec_decode_num_accepted_tokens"] > 10
     assert eng.blocks.num_free_blocks == eng.blocks.num_blocks
 
 

@@ -194,6 +194,30 @@ def test_sampled_drafts_carry_probabilities(model, drafter_dir):
     assert [o.outputs[0].token_ids for o in a] == [o.outputs[0].token_ids for o in b]  # seeded: repeatable
 
 
+def test_sampled_drafts_keyed_by_position(model, drafter_dir):
+    """A sampled draft depends on (request seed, output index) only: drafting the same state again,
+    alone or in another batch, draws the same tokens (what sync/async parity and preemption need)."""
+    eng = tiny_engine(model, spec=spec(drafter_dir, k=4))
+    sp = SamplingParams(temperature=1.5, seed=11, max_tokens=30, ignore_eos=True)
+    for i, p in enumerate(prompts(2)):
+        eng.add_request(f"r{i}", None, sp, p)
+    eng.step()
+    while min(len(r.output_token_ids) for r in eng.scheduler.running) < 3:
+        eng.step()
+    a, b = eng.scheduler.running
+    prop = eng.proposer
+
+    def drafts(reqs):
+        out = prop.propose(reqs)
+        out.collect_host()
+        return out.token_ids
+
+    once = drafts([a, b])
+    assert len(once[a.request_id]) == 4
+    assert drafts([a, b]) == once  # again: same draws
+    assert drafts([b, a]) == once and drafts([a]) == {a.request_id: once[a.request_id]}  # batch-independent
+
+
 def test_save_load_roundtrip(model, drafter_dir, tmp_path):
     d = load_drafter(drafter_dir, "cpu", torch.float32)
     sha = save_drafter(d, tmp_path, torch.float32)
@@ -293,6 +317,7 @@ def test_train_drafter_cli_smoke(model, tmp_path, reference, capsys):
     assert first["steps"] == 2 and log["steps"] == 4 and log["resumed_from_step"] == 2
     assert log["num_sequences"] >= 5 and log["num_response_tokens"] > 0
     assert log["final_loss"] > 0 and len(log["weights_sha256"]) == 64
+    assert log["val"]["tau"] >= 1 and log["val"]["num_drafts"] > 0 and log["val"]["tau_uniform"] >= 1
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert cfg["mask_token_id"] == MASK_ID and cfg["block_size"] == 8 and cfg["target_name"] == "tiny"
     ps, ref = reference  # the trained drafter serves its target, losslessly

@@ -9,13 +9,12 @@ import random
 
 import pytest
 import torch
-from tiny import run_all, tiny_config, tiny_engine, tiny_model
+from tiny import greedy_continuation, run_all, tiny_config, tiny_engine, tiny_model, trained_tiny_drafter
 
 from verispec import SamplingParams
 from verispec.spec import dflash_data, dflash_train
 from verispec.spec.dflash import save_drafter
 from verispec.spec.dflash_model import DFlashDrafter, new_config
-from verispec.worker.inputs import SeqChunk, allocate_kv_cache, build_batch
 
 VOCAB = tiny_config().vocab_size
 MASK_ID = VOCAB - 1
@@ -135,42 +134,13 @@ def test_engine_block_logits_equal_training(model, drafter_dir, async_scheduling
 
 
 
-def greedy_continuation(model, prompts: list[list[int]], n: int) -> list[list[int]]:
-    """The target's greedy continuations (float32, batched over the prompts, no engine)."""
-    c, dev = model.config, torch.device("cpu")
-    kv = allocate_kv_cache(c.num_layers, 8 * len(prompts), 16, c.num_kv_heads, c.head_dim, torch.float32, dev)
-    blocks = [list(range(8 * i, 8 * i + 8)) for i in range(len(prompts))]
-    chunks = [SeqChunk(p, 0, b) for p, b in zip(prompts, blocks, strict=True)]
-    outs: list[list[int]] = [[] for _ in prompts]
-    for _ in range(n):
-        ids, pos, meta = build_batch(chunks, 16, dev)
-        hidden, _ = model(ids, pos, meta, kv)
-        nxt = model.compute_logits(hidden[meta.query_start_loc[1:].long() - 1]).argmax(-1).tolist()
-        for o, t in zip(outs, nxt, strict=True):
-            o.append(t)
-        chunks = [SeqChunk([t], ch.start + len(ch.token_ids), ch.block_ids) for ch, t in zip(chunks, nxt, strict=True)]
-    return outs
-
-
 def test_acceptance_walk_equals_engine_counters(model, tmp_path):
     """Training's held-out acceptance estimate (acceptance_walk) counts exactly what the engine counts
     when it decodes the same responses greedily: same drafts, same accepted tokens per position."""
     rng = random.Random(1)
     ps = [[rng.randrange(100, 3000) for _ in range(rng.randrange(5, 15))] for _ in range(4)]
-    seqs = list(zip(ps, greedy_continuation(model, ps, 32), strict=True))
-    cfg = new_config(model, "tiny", MASK_ID, block_size=BLOCK, num_layers=1)
-    samples = dflash_data.extract_features(model, seqs, tuple(cfg.target_layers), torch.float32, 4096)
-    d = DFlashDrafter(cfg)
-    d.init_weights(0)
-    d.requires_grad_(True)
-    opt = torch.optim.AdamW(d.parameters(), lr=1e-2)
-    gen = torch.Generator().manual_seed(0)
-    for _ in range(15):  # overfit the responses a little: some drafts right, most wrong
-        loss, _ = dflash_train.dflash_loss(d, model, dflash_train.make_batch(samples, 8, cfg, gen))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    d.eval()
+    seqs = list(zip(ps, greedy_continuation(model, ps, 32), strict=True))  # some drafts right, most wrong
+    d, samples = trained_tiny_drafter(model, seqs, BLOCK, MASK_ID)
     walk = dflash_train.acceptance_walk(d, model, samples)
     save_drafter(d, tmp_path, torch.float32)
 

@@ -79,3 +79,44 @@ def run_all(engine: LLMEngine, prompts: list[list[int]], params) -> list:
 def text_model() -> CausalLM:
     """A tiny model over the real tokenizer's whole vocabulary (for text prompts: server tests)."""
     return tiny_model(tiny_config(vocab=151936))
+
+
+def greedy_continuation(model: CausalLM, prompts: list[list[int]], n: int) -> list[list[int]]:
+    """The model's greedy continuations (float32, batched over the prompts, no engine)."""
+    from verispec.worker.inputs import SeqChunk, allocate_kv_cache, build_batch
+
+    c, dev = model.config, torch.device("cpu")
+    per_seq = -(-(max(map(len, prompts)) + n) // 16)
+    kv = allocate_kv_cache(c.num_layers, per_seq * len(prompts), 16, c.num_kv_heads, c.head_dim, torch.float32, dev)
+    chunks = [SeqChunk(p, 0, list(range(per_seq * i, per_seq * (i + 1)))) for i, p in enumerate(prompts)]
+    outs: list[list[int]] = [[] for _ in prompts]
+    for _ in range(n):
+        ids, pos, meta = build_batch(chunks, 16, dev)
+        hidden, _ = model(ids, pos, meta, kv)
+        nxt = model.compute_logits(hidden[meta.query_start_loc[1:].long() - 1]).argmax(-1).tolist()
+        for o, t in zip(outs, nxt, strict=True):
+            o.append(t)
+        chunks = [SeqChunk([t], ch.start + len(ch.token_ids), ch.block_ids) for ch, t in zip(chunks, nxt, strict=True)]
+    return outs
+
+
+def trained_tiny_drafter(model: CausalLM, seqs: list[tuple[list[int], list[int]]], block_size: int, mask_id: int,
+                         steps: int = 15, lr: float = 1e-2, anchors: int = 8):
+    """A 1-layer DFlash drafter briefly fitted to (prompt, response) pairs of `model` (responses
+    its greedy continuations): some drafts right, most wrong. Returns (drafter in eval mode, samples)."""
+    from verispec.spec import dflash_data, dflash_train
+    from verispec.spec.dflash_model import DFlashDrafter, new_config
+
+    cfg = new_config(model, "tiny", mask_id, block_size=block_size, num_layers=1)
+    samples = dflash_data.extract_features(model, seqs, tuple(cfg.target_layers), torch.float32, 4096)
+    d = DFlashDrafter(cfg)
+    d.init_weights(0)
+    d.requires_grad_(True)
+    opt = torch.optim.AdamW(d.parameters(), lr=lr)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        loss, _ = dflash_train.dflash_loss(d, model, dflash_train.make_batch(samples, anchors, cfg, gen))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return d.requires_grad_(False).eval(), samples

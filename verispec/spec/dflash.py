@@ -31,6 +31,7 @@ from verispec.engine.scheduler import SchedulerOutput
 from verispec.models.qwen2 import CausalLM
 from verispec.spec.dflash_model import DFlashConfig, DFlashDrafter, block_attention_mask, check_fingerprint
 from verispec.spec.proposer import Proposal, Proposer
+from verispec.worker.runner import sample_key
 from verispec.worker.sampler import probs_from_logits, row_params
 from verispec.worker.token_state import PLACEHOLDER, DeviceTokens, combine_inputs
 
@@ -243,7 +244,10 @@ class DFlashProposer(Proposer):
     def _sample(self, logits: torch.Tensor, sampled: list[tuple[int, Request, int]], drafts: torch.Tensor,
                 out: Proposal) -> None:
         """Each draft j drawn from the drafter's distribution q_j under the request's sampling
-        parameters; q is returned for rejection sampling (any q keeps verification lossless)."""
+        parameters; q is returned for rejection sampling (any q keeps verification lossless).
+        The draw for output index i is keyed by (request, i) like the draft model's (salt 1), so
+        drafting a position again (another batch, the overlapped loop, after preemption) draws
+        the same token from the same q."""
         rows = torch.cat([logits[i, :k] for i, _, k in sampled])
         rp = row_params([r.params for _, r, _ in sampled], [k for _, _, k in sampled], rows.shape[-1], rows.device)
         probs = probs_from_logits(rows, rp)
@@ -251,11 +255,11 @@ class DFlashProposer(Proposer):
         for i, r, k in sampled:
             g = self.generators.get(r.request_id)
             if g is None:
-                g = torch.Generator(device=self.device)
-                base = r.params.seed if r.params.seed is not None else self.seed * 1_000_003 + r.arrival
-                g.manual_seed((base * 6151 + 29) & (2**62 - 1))
-                self.generators[r.request_id] = g
+                g = self.generators[r.request_id] = torch.Generator(device=self.device)
             q = probs[r0 : r0 + k]
-            drafts[i, :k] = torch.multinomial(q, 1, generator=g)[:, 0]
+            base = len(r.output_token_ids)  # draft j predicts output index base + j
+            for j in range(k):
+                g.manual_seed(sample_key(r, self.seed, base + j, salt=1))
+                drafts[i, j] = torch.multinomial(q[j], 1, generator=g)[0]
             out.probs[r.request_id] = q
             r0 += k
