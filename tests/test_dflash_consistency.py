@@ -153,3 +153,4 @@ def test_acceptance_walk_equals_engine_counters(model, tmp_path):
     assert sum(a > 0 for a in m["spec_decode_num_accepted_tokens_per_pos"]) >= 2  # runs of >= 2 accepted
     assert (walk["num_drafts"], walk["num_draft_tokens"], walk["num_accepted_tokens"], walk["accepted_per_pos"]) == (
         m["spec_decode_num_drafts"], m["spec_decode_num_draft_tokens"], m["spec_decode_num_accepted_tokens"], per_pos)
+    assert dflash_train.engine_walk(eng, seqs) == walk  # the eval script's check, with the engine's own drafter

@@ -317,6 +317,18 @@ def acceptance_walk(drafter: DFlashDrafter, target: CausalLM, samples: list[Samp
             "accepted_per_pos": [round(a / d, 4) for a in c.accepted_per_pos]}
 
 
+def engine_walk(engine, seqs: list[tuple[list[int], list[int]]], k: int | None = None) -> dict:
+    """acceptance_walk over (prompt ids, output ids) the engine produced greedily, with the engine's
+    own target and drafter (teacher-forced target features, training's block forward). Equal to the
+    engine's counters for the same outputs unless the engine's drafting path differs from training's
+    (on the GPU: bf16, CUDA graphs, fused kernels)."""
+    target, drafter = engine.parts.model, engine.proposer.drafter
+    dev = target.lm_head_weight.device
+    samples = extract_features(target, seqs, tuple(drafter.config.target_layers), target.lm_head_weight.dtype, 16384)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+        return acceptance_walk(drafter, target, samples, k)
+
+
 # ---- CLI -----------------------------------------------------------------------------------
 def add_train_parser(sub) -> None:
     s = sub.add_parser("train-drafter", help="train a DFlash drafter for a target model")
