@@ -139,8 +139,8 @@ def test_acceptance_walk_equals_engine_counters(model, tmp_path):
     when it decodes the same responses greedily: same drafts, same accepted tokens per position."""
     rng = random.Random(1)
     ps = [[rng.randrange(100, 3000) for _ in range(rng.randrange(5, 15))] for _ in range(4)]
-    seqs = list(zip(ps, greedy_continuation(model, ps, 32), strict=True))  # some drafts right, most wrong
-    d, samples = trained_tiny_drafter(model, seqs, BLOCK, MASK_ID)
+    seqs = list(zip(ps, greedy_continuation(model, ps, 32), strict=True))
+    d, samples = trained_tiny_drafter(model, seqs, BLOCK, MASK_ID, steps=40, lr=2e-2, anchors=16)
     walk = dflash_train.acceptance_walk(d, model, samples)
     save_drafter(d, tmp_path, torch.float32)
 
@@ -149,7 +149,7 @@ def test_acceptance_walk_equals_engine_counters(model, tmp_path):
     assert [o.outputs[0].token_ids for o in run_all(eng, ps, sp)] == [r for _, r in seqs]
     m = eng.get_metrics()
     per_pos = [round(a / m["spec_decode_num_drafts"], 4) for a in m["spec_decode_num_accepted_tokens_per_pos"]]
-    assert 0 < m["spec_decode_num_accepted_tokens"] < m["spec_decode_num_draft_tokens"] / 2
+    assert 0 < m["spec_decode_num_accepted_tokens"] < m["spec_decode_num_draft_tokens"]
     assert sum(a > 0 for a in m["spec_decode_num_accepted_tokens_per_pos"]) >= 2  # runs of >= 2 accepted
     assert (walk["num_drafts"], walk["num_draft_tokens"], walk["num_accepted_tokens"], walk["accepted_per_pos"]) == (
         m["spec_decode_num_drafts"], m["spec_decode_num_draft_tokens"], m["spec_decode_num_accepted_tokens"], per_pos)
