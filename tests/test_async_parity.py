@@ -11,18 +11,21 @@ from tiny import greedy_continuation, run_all, tiny_config, tiny_engine, tiny_mo
 from verispec.spec.dflash import save_drafter
 
 
+VOCAB = 512  # small, so the tiny model's outputs repeat and ngram finds drafts
+
+
 @pytest.fixture(scope="module")
 def models():
-    return tiny_model(), tiny_model(tiny_config(layers=1), seed=1)
+    return tiny_model(tiny_config(vocab=VOCAB)), tiny_model(tiny_config(vocab=VOCAB, layers=1), seed=1)
 
 
 @pytest.fixture(scope="module")
 def dflash_dir(models, tmp_path_factory):
     """A DFlash drafter fitted a little to the target's greedy answers to the scenario prompts, so
     that its drafts (greedy and sampled) are sometimes accepted."""
-    ps = scenario_prompts()
+    ps = scenario_prompts(vocab_hi=VOCAB - 12)
     seqs = list(zip(ps, greedy_continuation(models[0], ps, 24), strict=True))
-    drafter, _ = trained_tiny_drafter(models[0], seqs, block_size=4, mask_id=tiny_config().vocab_size - 1,
+    drafter, _ = trained_tiny_drafter(models[0], seqs, block_size=4, mask_id=VOCAB - 1,
                                       steps=40, lr=2e-2, anchors=16)
     path = tmp_path_factory.mktemp("parity_dflash")
     save_drafter(drafter, path, torch.float32)
@@ -44,7 +47,7 @@ def make(models, drafter_dir=None):
 @pytest.mark.parametrize("method", ["none", "ngram", "self", "draft_model", "dflash"])
 def test_sync_async_parity(models, method, request):
     """Greedy and seeded sampled requests (scenario_params): same tokens and acceptance counters."""
-    prompts, params = scenario_prompts(), scenario_params()
+    prompts, params = scenario_prompts(vocab_hi=VOCAB - 12), scenario_params(32)
     build = make(models, request.getfixturevalue("dflash_dir") if method == "dflash" else None)
     sync_toks, sync_c, sync_m, _ = run_scenario(build, method, False, prompts, params)
     async_toks, async_c, async_m, eng = run_scenario(build, method, True, prompts, params)
@@ -63,7 +66,7 @@ def test_async_with_penalties_matches_sync(models):
     lost and the output equals the synchronous loop's."""
     from verispec import SamplingParams
 
-    prompts = scenario_prompts()[:3]
+    prompts = scenario_prompts(vocab_hi=VOCAB - 12)[:3]
     params = [SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, repetition_penalty=1.3,
                              presence_penalty=0.5, frequency_penalty=0.3)] * 3
     out = {}
