@@ -49,6 +49,7 @@ class BenchSetup:
     seed: int = 0
     max_num_batched_tokens: int = 2048
     async_scheduling: bool | None = None  # None: the engine's default (on for CUDA)
+    spec_audit_rate: float = 0.0  # the engine's runtime acceptance audit (fraction of speculative steps)
 
 
 class TokenIdTokenizer:
@@ -197,6 +198,7 @@ def make_engine(bm: BenchModel, spec: dict | None, max_num_seqs: int, prompt_ids
         num_gpu_blocks=blocks, enable_prefix_caching=False,
         async_scheduling=bm.device.type == "cuda" if bm.setup.async_scheduling is None else bm.setup.async_scheduling,
         seed=bm.setup.seed, speculative_config=SpeculativeConfig.from_dict(spec),
+        spec_audit_rate=bm.setup.spec_audit_rate,
     )
     from verispec.spec import factory
 

@@ -53,6 +53,8 @@ def _common(p: argparse.ArgumentParser, default_model: str) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--sync-scheduling", action="store_true",
                    help="run the engine without async scheduling (default: async on CUDA)")
+    p.add_argument("--spec-audit-rate", type=float, default=0.0,
+                   help="re-verify this fraction of speculative steps on the host (the engine's audit)")
     p.add_argument("--peer", choices=["hf"], default=None, help="also run Hugging Face transformers in-process")
     p.add_argument("--no-compile", action="store_true", help="skip the HF static cache + torch.compile peer")
     p.add_argument("--json", default=None, help="write the results to this file")
@@ -122,7 +124,8 @@ def _setup(args):
     return BenchSetup(model=args.model, device=args.device, dtype=args.dtype, random_weights=args.random_weights,
                       model_overrides=args.model_overrides, seed=args.seed,
                       max_num_batched_tokens=args.max_num_batched_tokens,
-                      async_scheduling=False if args.sync_scheduling else None)
+                      async_scheduling=False if args.sync_scheduling else None,
+                      spec_audit_rate=args.spec_audit_rate)
 
 
 def run(args) -> dict:
