@@ -1,0 +1,125 @@
+"""Host overhead per engine step, measured on a tiny random-weight model (CPU is fine).
+
+The model is so small that its compute hardly matters; the time spent inside the model's forward
+(and in the torch reference attention's index building, which the GPU path does not run) is
+measured separately and subtracted, so "host" is what the engine itself costs per step:
+scheduling, input building, verification / sampling ops, collect, detokenizing, outputs.
+
+    PYTHONPATH=$PWD python3 scripts/host_overhead.py [--steps 200] [--batch-sizes 1,64] [--profile CASE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+import torch  # noqa: E402
+from tiny import tiny_engine, tiny_model  # noqa: E402
+
+from verispec import SamplingParams  # noqa: E402
+from verispec.models.layers import attention  # noqa: E402
+from verispec.worker import inputs  # noqa: E402
+
+
+class ForwardTimer:
+    """Accumulates wall time spent in the model's forward and the reference attention indices."""
+
+    def __init__(self, model) -> None:
+        self.seconds = 0.0
+        fwd, ref = model.forward, attention.build_reference_indices
+
+        def timed_forward(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return fwd(*a, **kw)
+            finally:
+                self.seconds += time.perf_counter() - t
+
+        def timed_ref(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return ref(*a, **kw)
+            finally:
+                self.seconds += time.perf_counter() - t
+
+        self._restore = (model, ref)
+        model.forward = timed_forward
+        inputs.build_reference_indices = timed_ref
+
+    def close(self) -> None:
+        model, ref = self._restore
+        del model.forward  # back to the class's method
+        inputs.build_reference_indices = ref
+
+
+def prompts(batch: int, length: int) -> list[list[int]]:
+    """Prompts with repeats, so prompt lookup finds drafts."""
+    g = torch.Generator().manual_seed(batch)
+    out = []
+    for _ in range(batch):
+        motif = torch.randint(10, 4000, (8,), generator=g).tolist()
+        out.append((motif * (length // 8 + 1))[:length])
+    return out
+
+
+def measure(model, batch: int, async_scheduling: bool, spec: dict | None, steps: int, profile: bool = False) -> dict:
+    eng = tiny_engine(
+        model, spec=spec, async_scheduling=async_scheduling, max_num_seqs=max(batch, 1),
+        max_num_batched_tokens=4096, num_gpu_blocks=batch * ((64 + steps * 6) // 16 + 4) + 16,
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=steps * 5 + 64, ignore_eos=True)
+    for i, p in enumerate(prompts(batch, 64)):
+        eng.add_request(f"r{i}", None, params, p)
+    for _ in range(5):  # prefill and warm-up
+        eng.step()
+    timer = ForwardTimer(eng.runner.model)
+    prof = cProfile.Profile() if profile else None
+    if prof:
+        prof.enable()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        eng.step()
+    total = time.perf_counter() - t0
+    timer.close()
+    if prof:
+        prof.disable()
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(45)
+    gen = eng.get_metrics()
+    return {"total_ms": 1e3 * total / steps, "forward_ms": 1e3 * timer.seconds / steps,
+            "host_ms": 1e3 * (total - timer.seconds) / steps, "accepted": gen["spec_decode_num_accepted_tokens"]}
+
+
+CASES = {"decode": None, "ngram4": {"method": "ngram", "num_speculative_tokens": 4}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--batch-sizes", default="1,64")
+    ap.add_argument("--repeats", type=int, default=3, help="best of this many runs")
+    ap.add_argument("--profile", default=None, help="cProfile one case, e.g. sync/decode/1")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    model = tiny_model()
+    if args.profile:
+        loop, case, batch = args.profile.split("/")
+        measure(model, int(batch), loop == "async", CASES[case], args.steps, profile=True)
+        return
+    print(f"{'loop':6} {'case':7} {'batch':>5} {'step ms':>8} {'forward ms':>10} {'host ms':>8}")
+    for batch in (int(b) for b in args.batch_sizes.split(",")):
+        for case, spec in CASES.items():
+            for loop in ("sync", "async"):
+                runs = [measure(model, batch, loop == "async", spec, args.steps) for _ in range(args.repeats)]
+                r = min(runs, key=lambda x: x["host_ms"])
+                print(f"{loop:6} {case:7} {batch:5d} {r['total_ms']:8.3f} {r['forward_ms']:10.3f} {r['host_ms']:8.3f}",
+                      flush=True)
+
+
+if __name__ == "__main__":
+    main()
