@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -72,3 +73,91 @@ def allocate_kv_cache(
         torch.zeros(2, num_blocks * block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
         for _ in range(num_layers)
     ]
+
+
+def extend_slots(out: list[int], block_ids: list[int], start: int, n: int, block_size: int) -> None:
+    """Append the cache slots of positions [start, start + n): one range per block touched."""
+    p, end = start, start + n
+    while p < end:
+        blk, off = divmod(p, block_size)
+        m = min(block_size - off, end - p)
+        base = block_ids[blk] * block_size + off
+        out.extend(range(base, base + m))
+        p += m
+
+
+def padded_tables(tables: list[list[int]], width: int) -> list[int]:
+    """Block tables flattened row by row, each padded with zeros to width."""
+    flat: list[int] = []
+    zeros = [0] * width
+    for t in tables:
+        flat += t
+        flat += zeros[: width - len(t)]
+    return flat
+
+
+class _StagingSlot:
+    """One host buffer (pinned on CUDA) and its device twin, both int64."""
+
+    def __init__(self, device: torch.device, capacity: int) -> None:
+        self.device = device
+        self.event = torch.cuda.Event() if device.type == "cuda" else None
+        self.recorded = False
+        self._allocate(capacity)
+
+    def _allocate(self, capacity: int) -> None:
+        self.host = torch.zeros(capacity, dtype=torch.long, pin_memory=self.device.type == "cuda")
+        self.dev = torch.zeros(capacity, dtype=torch.long, device=self.device)
+        self.h64, self.h32 = self.host.numpy(), self.host.view(torch.int32).numpy()
+
+    def acquire(self, size: int) -> None:
+        """Wait until the last copy out of this slot is done; grow it to hold size int64s."""
+        if self.recorded:
+            self.event.synchronize()  # in practice long done: the slot is two steps old
+            self.recorded = False
+        if size > self.host.numel():
+            self._allocate(max(size, 2 * self.host.numel()))
+
+    def send(self, size: int) -> None:
+        self.dev[:size].copy_(self.host[:size], non_blocking=True)
+        if self.event is not None:
+            self.event.record()
+            self.recorded = True
+
+
+class Staging:
+    """Small per-step integer tensors go host->device in one copy.
+
+    A ring of persistent host buffers (pinned on CUDA) with device twins: the host writes a step's
+    sections with numpy, one non-blocking copy moves them, and the device tensors are views. A slot
+    is rewritten only after the event behind its previous copy completed, so the host never
+    overwrites memory that an in-flight copy still reads; the device twin is rewritten by a copy
+    queued on the same stream after every kernel that read it.
+    """
+
+    def __init__(self, device: torch.device, slots: int = 2, capacity: int = 4096) -> None:
+        self._slots = [_StagingSlot(device, capacity) for _ in range(slots)]
+        self._next = 0
+
+    def stage(self, longs: Sequence[Sequence[int]], ints: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """Device views of the sections, in order: int64 ones, then int32 ones."""
+        n64 = sum(len(x) for x in longs)
+        n32 = sum(len(x) for x in ints)
+        size = n64 + (n32 + 1) // 2
+        slot = self._slots[self._next]
+        self._next = (self._next + 1) % len(self._slots)
+        slot.acquire(size)
+        bounds64, bounds32 = [], []
+        o = 0
+        for x in longs:
+            slot.h64[o : o + len(x)] = x
+            bounds64.append((o, o + len(x)))
+            o += len(x)
+        o = 2 * n64
+        for x in ints:
+            slot.h32[o : o + len(x)] = x
+            bounds32.append((o, o + len(x)))
+            o += len(x)
+        slot.send(size)
+        dev32 = slot.dev.view(torch.int32)
+        return [slot.dev[a:b] for a, b in bounds64] + [dev32[a:b] for a, b in bounds32]

@@ -10,6 +10,7 @@ device input ids, never from the host mirror.
 
 from __future__ import annotations
 
+import itertools
 import random
 import zlib
 from dataclasses import dataclass, field
@@ -18,12 +19,12 @@ import torch
 
 from verispec.engine import faults
 from verispec.engine.scheduler import ScheduledRequest, SchedulerOutput
-from verispec.models.layers.attention import reference_attention
+from verispec.models.layers.attention import AttentionMetadata, build_reference_indices, reference_attention
 from verispec.models.qwen2 import CausalLM
 from verispec.spec.verify import rejection_sample, verify_greedy, verify_random
-from verispec.worker.inputs import SeqChunk, allocate_kv_cache, build_batch
+from verispec.worker.inputs import Staging, allocate_kv_cache, extend_slots, padded_tables
 from verispec.worker.sampler import RowParams, apply_penalties, probs_from_logits, row_params, top_logprobs
-from verispec.worker.token_state import PLACEHOLDER, DeviceTokens, check_fresh, combine_inputs
+from verispec.worker.token_state import PLACEHOLDER, DeviceTokens, Owner, check_fresh, gather_plan
 
 
 @dataclass
@@ -42,20 +43,22 @@ class StepResult:
 
 @dataclass
 class StepHandle:
-    """A launched step. Device tensors are the truth; host_* are mirrors valid after collect()."""
+    """A launched step. Device tensors are the truth; `host` is their mirror, valid after collect()
+    (or after counts(), which waits for the same copy)."""
 
     sched: SchedulerOutput
     sampling: list[tuple[ScheduledRequest, int]]
-    sampled_dev: torch.Tensor | None  # [S, K+1] long, PLACEHOLDER past each row's count
-    num_sampled_dev: torch.Tensor | None  # [S]
-    host_sampled: torch.Tensor | None  # mirror of sampled_dev (stale until collect)
-    host_num_sampled: torch.Tensor | None
-    event: object | None
-    logits: torch.Tensor | None
     captured: list[torch.Tensor]
     token_offsets: dict[str, int]
+    sampled_dev: torch.Tensor | None = None  # [S, W] long, PLACEHOLDER past each row's count
+    num_sampled_dev: torch.Tensor | None = None  # [S]
+    # Mirror of the packed result [S*W tokens | S counts] (stale until the event completed).
+    host: torch.Tensor | None = None
+    event: object | None = None
+    logits: torch.Tensor | None = None
     audit: dict | None = None
     collected: StepResult | None = None
+    _mirror_slot: tuple | None = None
 
     def device_tokens(self) -> DeviceTokens | None:
         """This step's sampled tokens as a device buffer keyed by request id (output indices)."""
@@ -66,10 +69,55 @@ class StepHandle:
         return DeviceTokens(self.sampled_dev, rows, base)
 
     def counts(self) -> list[int]:
-        """Tokens each sampling request emitted (1 + accepted drafts). Syncs on the counts only."""
+        """Tokens each sampling request emitted (1 + accepted drafts). Waits for the step's copy
+        to the host (no extra transfer) and reads only the counts."""
         if self.num_sampled_dev is None:
             return []
-        return self.num_sampled_dev.tolist()
+        if self.host is None:
+            return self.num_sampled_dev.tolist()
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host[self.sampled_dev.numel() :].tolist()
+
+
+@dataclass
+class _HostBatch:
+    """One step's inputs as host lists, before anything touches the device."""
+
+    ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    placeholders: list[tuple[int, Owner]] = field(default_factory=list)
+    query_lens: list[int] = field(default_factory=list)
+    seq_lens: list[int] = field(default_factory=list)
+    tables: list[list[int]] = field(default_factory=list)
+    sampling: list[tuple[ScheduledRequest, int]] = field(default_factory=list)
+    logit_rows: list[int] = field(default_factory=list)
+    draft_pos: list[range] = field(default_factory=list)
+    offsets: dict[str, int] = field(default_factory=dict)
+
+
+class _HostMirrors:
+    """Reusable host buffers (pinned on CUDA) and events for the results' device->host copies."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.free: list[tuple[torch.Tensor, object | None]] = []
+
+    def copy(self, src: torch.Tensor) -> tuple[torch.Tensor, object | None, tuple]:
+        """Start a copy of the 1-D long src to the host: (host view, event, slot to release)."""
+        buf, event = self.free.pop() if self.free else (None, torch.cuda.Event() if self.cuda else None)
+        n = src.numel()
+        if buf is None or buf.numel() < n:
+            buf = torch.empty(max(n, 1024), dtype=torch.long, pin_memory=self.cuda)
+        view = buf[:n]
+        view.copy_(src, non_blocking=True)
+        if event is not None:
+            event.record()
+        return view, event, (buf, event)
+
+    def release(self, slot: tuple) -> None:
+        self.free.append(slot)
 
 
 def sample_key(req, engine_seed: int, index: int, salt: int = 0) -> int:
@@ -104,6 +152,10 @@ class ModelRunner:
         self.audit_rate = audit_rate
         self._audit_rng = random.Random(seed)
         self.graphs = None
+        self.staging = Staging(device)
+        self._mirrors = _HostMirrors(device)
+        self._ones_buf = torch.ones(256, dtype=torch.long, device=device)
+        self._arange_buf = torch.arange(32, device=device)
         if device.type == "cuda":
             from verispec.kernels.fused import enable_triton
 
@@ -138,35 +190,9 @@ class ModelRunner:
         draft_probs: dict[str, torch.Tensor],
         sources: dict[str, DeviceTokens | None],
     ) -> StepHandle:
-        chunks: list[SeqChunk] = []
-        host_ids: list[int] = []
-        owners: list[tuple[str, str, int] | None] = []
-        logit_rows: list[int] = []
-        draft_pos: list[list[int]] = []
-        sampling: list[tuple[ScheduledRequest, int]] = []
-        offsets: dict[str, int] = {}
-        for s in sched.scheduled:
-            req = s.request
-            k = s.num_draft_tokens
-            n_known = s.num_new_tokens - k
-            known = req.all_token_ids[s.start : s.start + n_known]
-            drafts = req.spec_token_ids[:k]
-            chunk_ids = known + drafts
-            offset = len(host_ids)
-            offsets[req.request_id] = offset
-            host_ids.extend(chunk_ids)
-            p = req.num_prompt_tokens
-            owners.extend((req.request_id, "out", pos - p) for pos in range(s.start, s.start + n_known))
-            owners.extend((req.request_id, "draft", j) for j in range(k))
-            chunks.append(SeqChunk(chunk_ids, s.start, req.block_ids))
-            if s.needs_sample:
-                s.output_base = len(req.output_token_ids)
-                sampling.append((s, len(logit_rows)))
-                end = offset + s.num_new_tokens
-                logit_rows.extend(range(end - k - 1, end))
-                draft_pos.append(list(range(end - k, end)))
-        with_ref = self.model.attn_fn is reference_attention
-        _, positions, meta = build_batch(chunks, self.block_size, self.device, token_ids=False, with_reference=with_ref)
+        """Build the step's inputs (one host->device copy), run the model, verify / sample on the
+        device and start one device->host copy of the results. Never waits for the device."""
+        hb = self._assemble(sched)
         if faults.active("row_by_position") and sources.get("out") is not None:
             # The bug: the previous step's rows looked up by this step's batch position, which
             # differs from the producing step's row once a request ahead has finished.
@@ -174,94 +200,192 @@ class ModelRunner:
             order = [s.request.request_id for s in sched.scheduled]
             rows = {rid: min(i, prev.values.shape[0] - 1) for i, rid in enumerate(order)}
             sources = {**sources, "out": DeviceTokens(prev.values, rows, prev.base)}
-        input_ids = combine_inputs(host_ids, owners, sources, self.device)
-        out = self.graphs.run(input_ids, positions, meta, len(chunks), meta.max_query_len) if self.graphs else None
+        ph_pos, ph_src, flat = gather_plan(hb.placeholders, sources)
+        ids = hb.ids
+        if faults.active("placeholder_leak"):
+            ids = [0 if t == PLACEHOLDER else t for t in ids]  # the bug: placeholders reach the model
+            ph_pos, ph_src = [], []
+        num_tokens, num_seqs = len(ids), len(hb.query_lens)
+        dense = len(hb.logit_rows) == num_tokens  # every token is a logit row, in order
+        kmax = max(map(len, hb.draft_pos), default=0)
+        width = max((len(p) for p in hb.tables), default=0)
+        ids_ext, positions, slots, pos_t, src_t, rows, draft_idx, row_idx, qsl, seq_lens, tables = self.staging.stage(
+            [ids + [-2], hb.positions, hb.slots, ph_pos, ph_src, [] if dense else hb.logit_rows,
+             self._draft_index(hb.draft_pos, kmax, num_tokens), self._row_index(hb.sampling, kmax)],
+            [list(itertools.accumulate(hb.query_lens, initial=0)), hb.seq_lens, padded_tables(hb.tables, width)],
+        )
+        input_ids = ids_ext[:num_tokens]
+        if ph_pos:
+            input_ids[pos_t] = flat[src_t]
+        meta = AttentionMetadata(
+            slot_mapping=slots, query_start_loc=qsl, seq_lens=seq_lens, block_tables=tables.view(num_seqs, width),
+            max_query_len=max(hb.query_lens), max_seq_len=max(hb.seq_lens), block_size=self.block_size,
+            **self._reference_indices(hb),
+        )
+        out = self.graphs.run(input_ids, positions, meta, num_seqs, meta.max_query_len) if self.graphs else None
         if out is not None:
             hidden, captured = out.hidden, out.captured
         else:
             hidden, captured = self.model(input_ids, positions, meta, self.kv_caches, self.capture_layers)
-        handle = StepHandle(sched, sampling, None, None, None, None, None, None, captured, offsets)
-        if not sampling:
+        handle = StepHandle(sched, hb.sampling, captured, hb.offsets)
+        if not hb.sampling:
             return handle
-        rows = torch.tensor(logit_rows, dtype=torch.long).to(self.device, non_blocking=True)
-        logits = self.model.compute_logits(hidden[rows])
-        self._mask_and_penalize(logits, sampling)
-        drafts = self._draft_tensor(input_ids, host_ids, draft_pos)
+        logits = self.model.compute_logits(hidden if dense else hidden[rows])
+        self._mask_and_penalize(logits, hb.sampling)
+        num = len(hb.sampling)
+        drafts = self._draft_tensor(ids_ext, hb.ids, draft_idx.view(num, kmax))
         if self.audit_rate > 0:
             # The audit re-verifies against the drafts the device actually fed the model.
-            true_drafts = self._draft_tensor(input_ids, host_ids, draft_pos, honest=True)
-            handle.audit = self._maybe_audit(sampling, logits, true_drafts, draft_probs)
-        tokens, counts = self._verify(logits, sampling, drafts, draft_probs)
-        handle.sampled_dev, handle.num_sampled_dev, handle.logits = tokens, counts, logits
-        if self.device.type == "cuda":
-            handle.host_sampled = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-            handle.host_num_sampled = torch.empty(counts.shape, dtype=counts.dtype, pin_memory=True)
-            handle.host_sampled.copy_(tokens, non_blocking=True)
-            handle.host_num_sampled.copy_(counts, non_blocking=True)
-            handle.event = torch.cuda.Event()
-            handle.event.record()
-        else:
-            handle.host_sampled, handle.host_num_sampled = tokens.clone(), counts.clone()
+            true_drafts = self._draft_tensor(ids_ext, hb.ids, draft_idx.view(num, kmax), honest=True)
+            handle.audit = self._maybe_audit(hb.sampling, logits, true_drafts, draft_probs)
+        packed, w = self._verify(logits, hb.sampling, drafts, draft_probs, row_idx)
+        handle.sampled_dev, handle.num_sampled_dev = packed[: num * w].view(num, w), packed[num * w :]
+        handle.logits = logits
+        handle.host, handle.event, handle._mirror_slot = self._mirrors.copy(packed)
         return handle
 
+    def _assemble(self, sched: SchedulerOutput) -> _HostBatch:
+        """Host lists for a step: ids (PLACEHOLDER where only the device knows the value), their
+        owners, positions, cache slots, attention lengths, logit rows and draft positions."""
+        hb = _HostBatch()
+        bs = self.block_size
+        for s in sched.scheduled:
+            req = s.request
+            rid = req.request_id
+            k, n = s.num_draft_tokens, s.num_new_tokens
+            n_known = n - k
+            offset = len(hb.ids)
+            hb.offsets[rid] = offset
+            known = req.token_slice(s.start, s.start + n_known)
+            if PLACEHOLDER in known:
+                first = s.start - req.num_prompt_tokens
+                hb.placeholders += [(offset + j, (rid, "out", first + j)) for j, t in enumerate(known) if t == PLACEHOLDER]
+            hb.ids += known
+            if k:
+                drafts = req.spec_token_ids[:k]
+                if PLACEHOLDER in drafts:
+                    hb.placeholders += [(offset + n_known + j, (rid, "draft", j)) for j, t in enumerate(drafts) if t == PLACEHOLDER]
+                hb.ids += drafts
+            hb.positions.extend(range(s.start, s.start + n))
+            extend_slots(hb.slots, req.block_ids, s.start, n, bs)
+            hb.query_lens.append(n)
+            hb.seq_lens.append(s.start + n)
+            hb.tables.append(req.block_ids)
+            if s.needs_sample:
+                s.output_base = len(req.output_token_ids)
+                hb.sampling.append((s, len(hb.logit_rows)))
+                end = offset + n
+                hb.logit_rows.extend(range(end - k - 1, end))
+                hb.draft_pos.append(range(end - k, end))
+        return hb
+
+    @staticmethod
+    def _draft_index(draft_pos: list[range], kmax: int, sentinel: int) -> list[int]:
+        """[S, kmax] input positions of each sampling request's drafts, padded with the sentinel
+        position (whose id is -2: never a token, so a padded draft never matches)."""
+        idx: list[int] = []
+        for p in draft_pos:
+            idx += p
+            idx += [sentinel] * (kmax - len(p))
+        return idx
+
+    @staticmethod
+    def _row_index(sampling: list[tuple[ScheduledRequest, int]], kmax: int) -> list[int]:
+        """[S, kmax + 1] logit row of each verified position (clamped to the request's last row)."""
+        if kmax == 0:
+            return []  # one row per request, in order
+        idx: list[int] = []
+        for s, r0 in sampling:
+            k = s.num_draft_tokens
+            idx += range(r0, r0 + k + 1)
+            idx += [r0 + k] * (kmax - k)
+        return idx
+
+    def _reference_indices(self, hb: _HostBatch) -> dict[str, torch.Tensor]:
+        if self.model.attn_fn is not reference_attention:
+            return {}
+        return build_reference_indices(hb.query_lens, hb.seq_lens, hb.tables, self.block_size, self.device)
+
     def _draft_tensor(
-        self, input_ids: torch.Tensor, host_ids: list[int], draft_pos: list[list[int]], honest: bool = False
+        self, ids_ext: torch.Tensor, host_ids: list[int], draft_idx: torch.Tensor, honest: bool = False
     ) -> torch.Tensor:
         """[S, Kmax] drafts of each sampling request, read from the device input ids (padded with -2)."""
-        kmax = max((len(p) for p in draft_pos), default=0)
-        idx = [p + [-1] * (kmax - len(p)) for p in draft_pos]
         if faults.active("stale_host_draft") and not honest:
             # The bug: drafts taken from the host mirror of the input ids (placeholders when the
             # drafts were produced on the device).
             src = torch.tensor(host_ids + [-2], dtype=torch.long).to(self.device)
-        else:
-            src = torch.cat([input_ids, input_ids.new_full((1,), -2)])
-        return src[torch.tensor(idx, dtype=torch.long).reshape(len(draft_pos), kmax).to(self.device)]
+            return src[draft_idx]
+        return ids_ext[draft_idx]
 
-    def _verify(self, logits, sampling, drafts: torch.Tensor, draft_probs) -> tuple[torch.Tensor, torch.Tensor]:
-        """Greedy and rejection-sampled verification on the device; no host sync."""
-        num = len(sampling)
+    def _verify(
+        self, logits: torch.Tensor, sampling, drafts: torch.Tensor, draft_probs, row_idx: torch.Tensor
+    ) -> tuple[torch.Tensor, int]:
+        """Greedy and rejection-sampled verification on the device; no host sync. Returns the
+        packed result [S*W tokens (PLACEHOLDER past each count) | S counts] and W = kmax + 1."""
+        num, kmax = drafts.shape
+        greedy = all(s.request.params.greedy for s, _ in sampling)
+        if kmax == 0 and greedy:  # plain greedy decode: one logit row per request
+            return torch.cat([logits.argmax(-1), self._ones(num)]), 1
+        if kmax:  # padded drafts are -2, so they never match
+            argmax = logits.argmax(-1)[row_idx.view(num, kmax + 1)]
+            num_acc = (argmax[:, :kmax] == drafts).long().cumprod(-1).sum(-1)
+        else:
+            argmax = logits.argmax(-1)[:, None]
+            num_acc = torch.zeros(num, dtype=torch.long, device=logits.device)
+        tokens = argmax if greedy else self._sample_random(logits, sampling, drafts, draft_probs, argmax.clone(), num_acc)
+        cols = self._arange(kmax + 1)
+        tokens = torch.where(cols[None, :] <= num_acc[:, None], tokens, PLACEHOLDER)
+        return torch.cat([tokens.reshape(-1), num_acc + 1]), kmax + 1
+
+    def _sample_random(self, logits, sampling, drafts, draft_probs, tokens, num_acc) -> torch.Tensor:
+        """Rejection sampling for the non-greedy rows, each with its own generator (in place in
+        tokens and num_acc)."""
         kmax = drafts.shape[1]
         dev = logits.device
-        ks = torch.tensor([s.num_draft_tokens for s, _ in sampling], device=dev)
-        r0 = torch.tensor([r for _, r in sampling], device=dev)
-        cols = torch.arange(kmax + 1, device=dev)
-        row_idx = r0[:, None] + torch.minimum(cols[None, :], ks[:, None])  # [S, K+1]
-        argmax = logits.argmax(-1)[row_idx]
-        match = (argmax[:, :kmax] == drafts) & (cols[None, :kmax] < ks[:, None])
-        num_acc = match.long().cumprod(-1).sum(-1) if kmax else torch.zeros(num, dtype=torch.long, device=dev)
-        tokens = argmax.clone()
-        random_rows = [i for i, (s, _) in enumerate(sampling) if not s.request.params.greedy]
-        if random_rows:
-            probs = probs_from_logits(logits, self._row_params(sampling, logits.shape[-1]))
-            for i in random_rows:
-                s, r = sampling[i]
-                k = s.num_draft_tokens
-                req = s.request
-                g = self.generator(req, len(req.output_token_ids))
-                q = draft_probs.get(req.request_id) if k else None
-                u = torch.rand(1, k, generator=g, device=dev)
-                a, dist = rejection_sample(probs[r : r + k + 1][None], drafts[i : i + 1, :k], None if q is None else q[None, :k], u)
-                last = torch.multinomial(dist[0], 1, generator=g)
-                row = torch.cat([drafts[i, :k], drafts.new_zeros(kmax + 1 - k)])
-                row.scatter_(0, a, last)
-                tokens[i] = row
-                num_acc[i] = a[0]
-        tokens = torch.where(cols[None, :] <= num_acc[:, None], tokens, torch.full_like(tokens, PLACEHOLDER))
-        return tokens, num_acc + 1
+        probs = probs_from_logits(logits, self._row_params(sampling, logits.shape[-1]))
+        for i, (s, r) in enumerate(sampling):
+            req = s.request
+            if req.params.greedy:
+                continue
+            k = s.num_draft_tokens
+            g = self.generator(req, len(req.output_token_ids))
+            q = draft_probs.get(req.request_id) if k else None
+            u = torch.rand(1, k, generator=g, device=dev)
+            a, dist = rejection_sample(probs[r : r + k + 1][None], drafts[i : i + 1, :k], None if q is None else q[None, :k], u)
+            last = torch.multinomial(dist[0], 1, generator=g)
+            row = torch.cat([drafts[i, :k], drafts.new_zeros(kmax + 1 - k)])
+            row.scatter_(0, a, last)
+            tokens[i] = row
+            num_acc[i] = a[0]
+        return tokens
+
+    def _ones(self, n: int) -> torch.Tensor:
+        """A persistent device tensor of n ones (long); never written."""
+        if self._ones_buf.numel() < n:
+            self._ones_buf = torch.ones(max(n, 2 * self._ones_buf.numel()), dtype=torch.long, device=self.device)
+        return self._ones_buf[:n]
+
+    def _arange(self, n: int) -> torch.Tensor:
+        """A persistent device arange(n) (long); never written."""
+        if self._arange_buf.numel() < n:
+            self._arange_buf = torch.arange(max(n, 32), device=self.device)
+        return self._arange_buf[:n]
 
     def collect(self, h: StepHandle) -> StepResult:
-        """Wait for the step's copies and return host values (fills the host mirrors)."""
+        """Wait for the step's copy and return host values (fills the host mirrors)."""
         if h.collected is not None:
             return h.collected
         res = StepResult(captured=h.captured, token_offsets=h.token_offsets)
         if h.sampled_dev is not None:
             if h.event is not None:
                 h.event.synchronize()
-            toks = h.host_sampled.tolist()
-            counts = h.host_num_sampled.tolist()
+            values = h.host.tolist()
+            self._mirrors.release(h._mirror_slot)
+            h.host = h._mirror_slot = None
+            w = h.sampled_dev.shape[1]
+            counts = values[len(h.sampling) * w :]
             for i, (s, _) in enumerate(h.sampling):
-                res.sampled[s.request.request_id] = toks[i][: counts[i]]
+                res.sampled[s.request.request_id] = values[i * w : i * w + counts[i]]
             self._logprobs(h, res)
             if h.audit is not None:
                 res.audited, res.audit_mismatches = self._check_audit(h.audit, res)

@@ -64,41 +64,56 @@ class DeviceTokens:
         return row * self.values.shape[1] + col
 
 
+Owner = tuple[str, str, int]  # (request id, "out" | "draft", index) of a placeholder input
+
+
+def gather_plan(
+    placeholders: list[tuple[int, Owner | None]], sources: dict[str, DeviceTokens | None]
+) -> tuple[list[int], list[int], torch.Tensor | None]:
+    """Host half of combining inputs: for each placeholder (input position, owner), its position
+    and its index into `flat`, the referenced device sources' values flattened and concatenated.
+    Raises if a placeholder has no device value."""
+    positions: list[int] = []
+    gather: list[int] = []
+    parts: list[torch.Tensor] = []
+    offsets: dict[str, int] = {}
+    total = 0
+    for i, owner in placeholders:
+        src = sources.get(owner[1]) if owner else None
+        idx = src.flat_index(owner[0], owner[2]) if src is not None else None
+        if idx is None:
+            raise RuntimeError(f"placeholder at input {i} ({owner}) has no device value")
+        base = offsets.get(owner[1])
+        if base is None:
+            base = offsets[owner[1]] = total
+            parts.append(src.values.reshape(-1))
+            total += src.values.numel()
+        positions.append(i)
+        gather.append(base + idx)
+    flat = None if not parts else parts[0] if len(parts) == 1 else torch.cat(parts)
+    return positions, gather, flat
+
+
 def combine_inputs(
     host_ids: list[int],
-    owners: list[tuple[str, str, int] | None],
+    owners: list[Owner | None],
     sources: dict[str, DeviceTokens | None],
     device: torch.device,
 ) -> torch.Tensor:
     """Device input ids for a step: host ids where known, device values where the host holds a
     PLACEHOLDER. owners[i] = (request id, "out" | "draft", index) for placeholder positions.
-    One host->device copy of the ids and one gather from the device buffers; no device->host sync."""
+    One host->device copy of the ids and one gather from the device buffers; no device->host sync.
+    (The target runner does the same through its staging buffers: ModelRunner.launch.)"""
     from verispec.engine import faults
 
+    placeholders = [(i, owners[i]) for i, tok in enumerate(host_ids) if tok == PLACEHOLDER]
+    positions, gather, flat = gather_plan(placeholders, sources)
     ids = torch.tensor(host_ids, dtype=torch.long)
-    positions, gather = [], []
-    flat_parts, offset, offsets = [], 0, {}
-    for name, src in sources.items():
-        if src is not None:
-            offsets[name] = offset
-            flat_parts.append(src.values.reshape(-1))
-            offset += src.values.numel()
-    for i, tok in enumerate(host_ids):
-        if tok != PLACEHOLDER:
-            continue
-        owner = owners[i]
-        src = sources.get(owner[1]) if owner else None
-        idx = src.flat_index(owner[0], owner[2]) if src is not None else None
-        if idx is None:
-            raise RuntimeError(f"placeholder at input {i} ({owner}) has no device value")
-        positions.append(i)
-        gather.append(offsets[owner[1]] + idx)
     if faults.active("placeholder_leak"):
         ids[ids == PLACEHOLDER] = 0  # the bug: a placeholder id reaches the model as a real token
         return ids.to(device, non_blocking=True)
     ids_dev = ids.to(device, non_blocking=True)
     if positions:
-        flat = torch.cat(flat_parts) if len(flat_parts) > 1 else flat_parts[0]
         pos_t = torch.tensor(positions, dtype=torch.long).to(device, non_blocking=True)
         src_t = torch.tensor(gather, dtype=torch.long).to(device, non_blocking=True)
         ids_dev[pos_t] = flat[src_t]
