@@ -4,7 +4,7 @@ The model is so small (2 layers, hidden 64, vocabulary 512) that its compute har
 time spent inside the model's forward and logits (and in the torch reference attention's index
 building, which the GPU path does not run) is measured separately and subtracted, so "host" is
 what the engine itself costs per step: scheduling, input building, launching the verification /
-sampling ops, collect, detokenizing, outputs. Times are process CPU time (the machine may be
+sampling ops, collect, detokenizing, outputs. Times are CPU time of the main thread (the machine may be
 shared; torch runs on one thread), best of --repeats runs.
 
     PYTHONPATH=$PWD python3 scripts/host_overhead.py [--steps 200] [--batch-sizes 1,64] [--profile CASE]
@@ -41,11 +41,11 @@ class ForwardTimer:
 
     def _timed(self, fn):
         def timed(*a, **kw):
-            t = time.process_time()
+            t = time.thread_time()
             try:
                 return fn(*a, **kw)
             finally:
-                self.seconds += time.process_time() - t
+                self.seconds += time.thread_time() - t
 
         return timed
 
@@ -75,18 +75,19 @@ def measure(model, batch: int, async_scheduling: bool, spec: dict | None, steps:
         eng.add_request(f"r{i}", None, params, p)
     for _ in range(5):  # prefill and warm-up
         eng.step()
-    timer = ForwardTimer(eng.runner.model)
+    timer = None if profile else ForwardTimer(eng.runner.model)
     prof = cProfile.Profile() if profile else None
     if prof:
         prof.enable()
-    t0 = time.process_time()
+    t0 = time.thread_time()
     for _ in range(steps):
         eng.step()
-    total = time.process_time() - t0
-    timer.close()
+    total = time.thread_time() - t0
     if prof:
         prof.disable()
         pstats.Stats(prof).sort_stats(SORT).print_stats(45)
+        return {}
+    timer.close()
     gen = eng.get_metrics()
     return {"total_ms": 1e3 * total / steps, "forward_ms": 1e3 * timer.seconds / steps,
             "host_ms": 1e3 * (total - timer.seconds) / steps, "accepted": gen["spec_decode_num_accepted_tokens"]}

@@ -113,14 +113,16 @@ class BlockManager:
                     self.free[bid] = None
         block_ids.clear()
 
-    def publish(self, block_ids: list[int], token_ids: list[int], num_written: int) -> None:
-        """Publish hashes of the full blocks whose K/V are written (the first num_written tokens)."""
+    def publish(self, block_ids: list[int], token_ids: list[int], num_written: int, first: int = 0) -> None:
+        """Publish hashes of the full blocks whose K/V are written (the first num_written tokens).
+        first > 0: blocks before it are published already and token_ids starts at block first."""
         if not self.enable_prefix_caching:
             return
-        parent = None
-        for i in range(min(num_written // self.block_size, len(block_ids))):
+        bs = self.block_size
+        parent = self.blocks[block_ids[first - 1]].hash if first else None
+        for i in range(first, min(num_written // bs, len(block_ids))):
             blk = self.blocks[block_ids[i]]
-            toks = tuple(token_ids[i * self.block_size : (i + 1) * self.block_size])
+            toks = tuple(token_ids[(i - first) * bs : (i - first + 1) * bs])
             if blk.hash is not None and blk.token_ids == toks:
                 parent = blk.hash
                 continue

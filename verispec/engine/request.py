@@ -33,6 +33,8 @@ class Request:
     # Tokens whose K/V are in the cache. Moves back on preemption and after rejected drafts.
     num_computed_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)
+    # Leading blocks of block_ids whose hashes this request has published (reset when freed).
+    num_published_blocks: int = 0
     # Host copy of the drafts to verify in the next step. In the synchronous loop it is exact; the
     # overlapped loop keeps the authoritative drafts on the device (see worker/token_state.py).
     spec_token_ids: list[int] = field(default_factory=list)

@@ -148,9 +148,22 @@ class Scheduler:
         out.scheduled = [s for s in out.scheduled if s.request is not req]
 
     def _release(self, req: Request) -> None:
-        self.blocks.free_blocks(req.block_ids)
+        self._free(req)
         req.num_computed_tokens = 0
         req.spec_token_ids = []
+
+    def _free(self, req: Request) -> None:
+        self.blocks.free_blocks(req.block_ids)
+        req.num_published_blocks = 0
+
+    def _publish(self, req: Request, num_written: int) -> None:
+        """Publish the hashes of req's full blocks among its first num_written tokens; the blocks
+        it published before are skipped (their hashes cannot change while it holds them)."""
+        bs = self.blocks.block_size
+        first, n = req.num_published_blocks, min(num_written // bs, len(req.block_ids))
+        if n > first:
+            self.blocks.publish(req.block_ids, req.token_slice(first * bs, n * bs), n * bs, first)
+            req.num_published_blocks = n
 
     def reserve(self, req: Request, num_tokens: int) -> bool:
         """Blocks for num_tokens (draft positions) without preempting anyone."""
@@ -178,13 +191,13 @@ class Scheduler:
                         # Finish once the values arrive; the blocks go back now, as they would
                         # in the synchronous loop (only blocks of known tokens get published).
                         req.pending_stop = True
-                        self.blocks.publish(req.block_ids, req.all_token_ids, min(req.num_computed_tokens, self._known(req)))
-                        self.blocks.free_blocks(req.block_ids)
+                        self._publish(req, min(req.num_computed_tokens, self._known(req)))
+                        self._free(req)
                         break
                 elif self._check_stop(req, tok):
                     break
         if publish:
-            self.blocks.publish(req.block_ids, req.all_token_ids, req.num_computed_tokens)
+            self._publish(req, req.num_computed_tokens)
         return 0 if sampled is None else len(sampled) - 1
 
     def resolve(self, s: ScheduledRequest, sampled: list[int] | None) -> list[int]:
@@ -193,7 +206,7 @@ class Scheduler:
         Returns the tokens that became real."""
         req = s.request
         if sampled is None:
-            self.blocks.publish(req.block_ids, req.all_token_ids, min(req.num_computed_tokens, self._known(req)))
+            self._publish(req, min(req.num_computed_tokens, self._known(req)))
             return []
         new: list[int] = []
         out = req.output_token_ids
@@ -210,7 +223,7 @@ class Scheduler:
         if req.finish_reason is None and req.pending_stop and PLACEHOLDER not in out:
             req.finish_reason = "length"
         if req.finish_reason is None:
-            self.blocks.publish(req.block_ids, req.all_token_ids, min(req.num_computed_tokens, self._known(req)))
+            self._publish(req, min(req.num_computed_tokens, self._known(req)))
         return new
 
     def _known(self, req: Request) -> int:
@@ -225,16 +238,12 @@ class Scheduler:
 
     def _check_stop_at(self, req: Request, i: int) -> bool:
         """Stop check for output token i (as if it were the last one committed)."""
-        saved = req.output_token_ids[i + 1 :]
-        del req.output_token_ids[i + 1 :]
-        stopped = self._check_stop(req, req.output_token_ids[i])
-        if not stopped:
-            req.output_token_ids.extend(saved)
-        return stopped
+        return self._check_stop(req, req.output_token_ids[i], i + 1)
 
-    def _check_stop(self, req: Request, tok: int) -> bool:
+    def _check_stop(self, req: Request, tok: int, n: int | None = None) -> bool:
+        """Stop check for tok as output token n - 1 (default: the last one)."""
         p = req.params
-        n = len(req.output_token_ids)
+        n = len(req.output_token_ids) if n is None else n
         if n >= p.min_tokens:
             if not p.ignore_eos and tok in req.eos_token_ids:
                 req.finish_reason, req.stop_reason = "stop", None
@@ -242,7 +251,7 @@ class Scheduler:
             if tok in p.stop_token_ids:
                 req.finish_reason, req.stop_reason = "stop", tok
                 return True
-        if n >= req.max_tokens or req.num_tokens >= self.max_model_len:
+        if n >= req.max_tokens or req.num_prompt_tokens + n >= self.max_model_len:
             req.finish_reason = "length"
             return True
         return False

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from array import array
+
 from verispec.engine.request import Request
 from verispec.spec.proposer import Proposal, Proposer
 from verispec.worker.token_state import check_fresh
@@ -9,17 +11,28 @@ from verispec.worker.token_state import check_fresh
 
 def ngram_lookup(tokens: list[int], k: int, n_min: int, n_max: int) -> list[int]:
     """Find the longest suffix n-gram (n_max down to n_min) that occurred earlier; return up to k
-    tokens that followed its most recent earlier occurrence."""
+    tokens that followed its most recent earlier occurrence.
+
+    The search runs in C: the tokens become 8-byte words and bytes.rfind looks for the suffix's
+    bytes, skipping hits that are not word-aligned."""
     length = len(tokens)
+    data = array("q", tokens).tobytes()
     for n in range(min(n_max, length - 1), n_min - 1, -1):
-        suffix = tokens[length - n :]
-        # Scan backwards for the latest earlier match.
-        for start in range(length - n - 1, -1, -1):
-            if tokens[start : start + n] == suffix:
-                follow = tokens[start + n : start + n + k]
-                if follow:
-                    return follow
+        start = _rfind_words(data, data[8 * (length - n) :], 8 * (length - 1))
+        if start is not None:
+            return tokens[start + n : start + n + k]  # never empty: the match ends before the last token
     return []
+
+
+def _rfind_words(data: bytes, pattern: bytes, end: int) -> int | None:
+    """Word index of the last occurrence of pattern inside data[:end] that starts on a word."""
+    while True:
+        i = data.rfind(pattern, 0, end)
+        if i < 0:
+            return None
+        if i % 8 == 0:
+            return i // 8
+        end = i + len(pattern) - 1  # a misaligned hit: look further left
 
 
 class NgramProposer(Proposer):
