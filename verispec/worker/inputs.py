@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from verispec.models.layers.attention import AttentionMetadata, build_reference_indices
@@ -139,25 +140,30 @@ class Staging:
         self._slots = [_StagingSlot(device, capacity) for _ in range(slots)]
         self._next = 0
 
-    def stage(self, longs: Sequence[Sequence[int]], ints: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-        """Device views of the sections, in order: int64 ones, then int32 ones."""
+    def stage(self, longs: Sequence[Sequence[int]], ints: Sequence[Sequence[int]]) -> list[torch.Tensor | None]:
+        """Device views of the sections, in order: int64 ones, then int32 ones (None for an empty
+        section: no view is made)."""
         n64 = sum(len(x) for x in longs)
         n32 = sum(len(x) for x in ints)
         size = n64 + (n32 + 1) // 2
         slot = self._slots[self._next]
         self._next = (self._next + 1) % len(self._slots)
         slot.acquire(size)
-        bounds64, bounds32 = [], []
-        o = 0
-        for x in longs:
-            slot.h64[o : o + len(x)] = x
-            bounds64.append((o, o + len(x)))
-            o += len(x)
-        o = 2 * n64
-        for x in ints:
-            slot.h32[o : o + len(x)] = x
-            bounds32.append((o, o + len(x)))
-            o += len(x)
+        bounds = self._write(slot.h64, longs, 0) + self._write(slot.h32, ints, 2 * n64)
         slot.send(size)
-        dev32 = slot.dev.view(torch.int32)
-        return [slot.dev[a:b] for a, b in bounds64] + [dev32[a:b] for a, b in bounds32]
+        dev32 = slot.dev.view(torch.int32) if n32 else None
+        views: list[torch.Tensor | None] = []
+        for i, (a, b) in enumerate(bounds):
+            views.append(None if a == b else slot.dev[a:b] if i < len(longs) else dev32[a:b])
+        return views
+
+    @staticmethod
+    def _write(dst: np.ndarray, sections: Sequence[Sequence[int]], offset: int) -> list[tuple[int, int]]:
+        bounds = []
+        for x in sections:
+            n = len(x)
+            if n:
+                dst[offset : offset + n] = x
+            bounds.append((offset, offset + n))
+            offset += n
+        return bounds

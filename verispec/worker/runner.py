@@ -50,9 +50,10 @@ class StepHandle:
     sampling: list[tuple[ScheduledRequest, int]]
     captured: list[torch.Tensor]
     token_offsets: dict[str, int]
-    sampled_dev: torch.Tensor | None = None  # [S, W] long, PLACEHOLDER past each row's count
-    num_sampled_dev: torch.Tensor | None = None  # [S]
-    # Mirror of the packed result [S*W tokens | S counts] (stale until the event completed).
+    # The results on the device, packed: [S*W tokens (PLACEHOLDER past each count) | S counts].
+    packed: torch.Tensor | None = None
+    width: int = 0  # W: 1 + the most drafts of any row
+    # Mirror of `packed` on the host (stale until the event completed).
     host: torch.Tensor | None = None
     event: object | None = None
     logits: torch.Tensor | None = None
@@ -60,9 +61,21 @@ class StepHandle:
     collected: StepResult | None = None
     _mirror_slot: tuple | None = None
 
+    @property
+    def sampled_dev(self) -> torch.Tensor | None:
+        """[S, W] long on the device: each row's tokens, PLACEHOLDER past its count."""
+        if self.packed is None:
+            return None
+        return self.packed[: len(self.sampling) * self.width].view(len(self.sampling), self.width)
+
+    @property
+    def num_sampled_dev(self) -> torch.Tensor | None:
+        """[S] on the device: tokens each row emitted."""
+        return None if self.packed is None else self.packed[len(self.sampling) * self.width :]
+
     def device_tokens(self) -> DeviceTokens | None:
         """This step's sampled tokens as a device buffer keyed by request id (output indices)."""
-        if self.sampled_dev is None:
+        if self.packed is None:
             return None
         rows = {s.request.request_id: i for i, (s, _) in enumerate(self.sampling)}
         base = {s.request.request_id: s.output_base for s, _ in self.sampling}
@@ -71,13 +84,13 @@ class StepHandle:
     def counts(self) -> list[int]:
         """Tokens each sampling request emitted (1 + accepted drafts). Waits for the step's copy
         to the host (no extra transfer) and reads only the counts."""
-        if self.num_sampled_dev is None:
+        if self.packed is None:
             return []
-        if self.host is None:
+        if self.host is None:  # already collected: the mirror went back to the pool
             return self.num_sampled_dev.tolist()
         if self.event is not None:
             self.event.synchronize()
-        return self.host[self.sampled_dev.numel() :].tolist()
+        return self.host[len(self.sampling) * self.width :].tolist()
 
 
 @dataclass
@@ -233,15 +246,17 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden if dense else hidden[rows])
         self._mask_and_penalize(logits, hb.sampling)
         num = len(hb.sampling)
-        drafts = self._draft_tensor(ids_ext, hb.ids, draft_idx.view(num, kmax))
-        if self.audit_rate > 0:
+        drafts = None
+        if kmax:
+            draft_idx = draft_idx.view(num, kmax)
+            drafts = self._draft_tensor(ids_ext, hb.ids, draft_idx)
+        if self.audit_rate > 0 and kmax:
             # The audit re-verifies against the drafts the device actually fed the model.
-            true_drafts = self._draft_tensor(ids_ext, hb.ids, draft_idx.view(num, kmax), honest=True)
+            true_drafts = self._draft_tensor(ids_ext, hb.ids, draft_idx, honest=True)
             handle.audit = self._maybe_audit(hb.sampling, logits, true_drafts, draft_probs)
-        packed, w = self._verify(logits, hb.sampling, drafts, draft_probs, row_idx)
-        handle.sampled_dev, handle.num_sampled_dev = packed[: num * w].view(num, w), packed[num * w :]
+        handle.packed, handle.width = self._verify(logits, hb.sampling, drafts, draft_probs, row_idx)
         handle.logits = logits
-        handle.host, handle.event, handle._mirror_slot = self._mirrors.copy(packed)
+        handle.host, handle.event, handle._mirror_slot = self._mirrors.copy(handle.packed)
         return handle
 
     def _assemble(self, sched: SchedulerOutput) -> _HostBatch:
@@ -318,14 +333,18 @@ class ModelRunner:
         return ids_ext[draft_idx]
 
     def _verify(
-        self, logits: torch.Tensor, sampling, drafts: torch.Tensor, draft_probs, row_idx: torch.Tensor
+        self, logits: torch.Tensor, sampling, drafts: torch.Tensor | None, draft_probs, row_idx: torch.Tensor | None
     ) -> tuple[torch.Tensor, int]:
-        """Greedy and rejection-sampled verification on the device; no host sync. Returns the
-        packed result [S*W tokens (PLACEHOLDER past each count) | S counts] and W = kmax + 1."""
-        num, kmax = drafts.shape
+        """Greedy and rejection-sampled verification on the device; no host sync. drafts: [S, kmax]
+        (None: no drafts). Returns the packed result [S*W tokens (PLACEHOLDER past each count) |
+        S counts] and W = kmax + 1."""
+        num = len(sampling)
         greedy = all(s.request.params.greedy for s, _ in sampling)
-        if kmax == 0 and greedy:  # plain greedy decode: one logit row per request
-            return torch.cat([logits.argmax(-1), self._ones(num)]), 1
+        if drafts is None:
+            if greedy:  # plain greedy decode: one logit row per request
+                return torch.cat([logits.argmax(-1), self._ones(num)]), 1
+            drafts = logits.new_empty((num, 0), dtype=torch.long)
+        kmax = drafts.shape[1]
         if kmax:  # padded drafts are -2, so they never match
             argmax = logits.argmax(-1)[row_idx.view(num, kmax + 1)]
             num_acc = (argmax[:, :kmax] == drafts).long().cumprod(-1).sum(-1)
@@ -376,13 +395,13 @@ class ModelRunner:
         if h.collected is not None:
             return h.collected
         res = StepResult(captured=h.captured, token_offsets=h.token_offsets)
-        if h.sampled_dev is not None:
+        if h.packed is not None:
             if h.event is not None:
                 h.event.synchronize()
             values = h.host.tolist()
             self._mirrors.release(h._mirror_slot)
             h.host = h._mirror_slot = None
-            w = h.sampled_dev.shape[1]
+            w = h.width
             counts = values[len(h.sampling) * w :]
             for i, (s, _) in enumerate(h.sampling):
                 res.sampled[s.request.request_id] = values[i * w : i * w + counts[i]]
