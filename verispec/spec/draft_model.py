@@ -23,7 +23,7 @@ from verispec.engine.scheduler import SchedulerOutput
 from verispec.models.layers.attention import reference_attention
 from verispec.models.qwen2 import CausalLM
 from verispec.spec.proposer import Proposal, Proposer
-from verispec.worker.inputs import SeqChunk, allocate_kv_cache, build_batch
+from verispec.worker.inputs import SeqChunk, allocate_kv_cache, build_batch, to_device
 from verispec.worker.runner import sample_key
 from verispec.worker.sampler import probs_from_logits, row_params
 from verispec.worker.token_state import PLACEHOLDER, DeviceTokens, combine_inputs
@@ -96,7 +96,7 @@ class DraftModelProposer(Proposer):
         active = list(range(len(reqs)))
         for step in range(kmax):
             toks = self._sample([reqs[i] for i in active], logits, probs, step)  # device [len(active)]
-            drafts[torch.tensor(active, device=self.device), step] = toks
+            drafts[to_device(active, torch.long, self.device), step] = toks
             nxt = []
             for j, i in enumerate(active):
                 self.written[reqs[i].request_id] = reqs[i].num_tokens + step
@@ -105,7 +105,7 @@ class DraftModelProposer(Proposer):
             if not nxt:
                 break
             active = [i for i, _ in nxt]
-            sel = torch.tensor([j for _, j in nxt], device=self.device)
+            sel = to_device([j for _, j in nxt], torch.long, self.device)
             chunks = [SeqChunk([0], reqs[i].num_tokens + step, reqs[i].block_ids) for i in active]
             logits = self._forward(chunks, toks[sel])
         out.device = DeviceTokens(drafts, {r.request_id: i for i, r in enumerate(reqs)}, {r.request_id: 0 for r in reqs})

@@ -20,6 +20,15 @@ class SeqChunk:
     block_ids: list[int]
 
 
+def to_device(values: Sequence, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """A small host list as a device tensor without a stream sync: pinned, then a non-blocking
+    copy on CUDA (torch.tensor(values, device=cuda) waits for all queued work)."""
+    t = torch.tensor(values, dtype=dtype)
+    if torch.device(device).type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t
+
+
 def build_batch(
     chunks: list[SeqChunk],
     block_size: int,

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+from verispec.worker.inputs import to_device
+
+GREEDY_TEMPERATURE = 1e-5  # rows at or below it are greedy
 
 
 @dataclass
@@ -22,6 +27,7 @@ class RowParams:
     min_p: torch.Tensor  # [R] float32
     need_sort: bool  # any row uses top-k or top-p
     need_min_p: bool
+    any_greedy: bool | None = None  # known on the host (None: probs_from_logits asks the device)
 
 
 def row_params(params: list, repeats: list[int], vocab: int, device) -> RowParams:
@@ -33,12 +39,14 @@ def row_params(params: list, repeats: list[int], vocab: int, device) -> RowParam
         top_p += [p.top_p] * n
         min_p += [p.min_p] * n
     return RowParams(
-        temperature=torch.tensor(temp, dtype=torch.float32, device=device),
-        top_k=torch.tensor(top_k, dtype=torch.long, device=device),
-        top_p=torch.tensor(top_p, dtype=torch.float32, device=device),
-        min_p=torch.tensor(min_p, dtype=torch.float32, device=device),
+        temperature=to_device(temp, torch.float32, device),
+        top_k=to_device(top_k, torch.long, device),
+        top_p=to_device(top_p, torch.float32, device),
+        min_p=to_device(min_p, torch.float32, device),
         need_sort=any(k < vocab for k in top_k) or any(x < 1.0 for x in top_p),
         need_min_p=any(m > 0 for m in min_p),
+        # The device's test, in float32 on the host.
+        any_greedy=bool((np.asarray(temp, dtype=np.float32) <= np.float32(GREEDY_TEMPERATURE)).any()),
     )
 
 
@@ -57,11 +65,11 @@ def apply_penalties(
     dev = logits.device
     for r, p_ids, o_ids, pres, freq, rep in zip(rows, prompt_ids, output_ids, presence, frequency, repetition, strict=True):
         row = logits[r]
-        out_counts = torch.bincount(torch.tensor(o_ids, dtype=torch.long, device=dev), minlength=vocab)[:vocab]
+        out_counts = torch.bincount(to_device(o_ids, torch.long, dev), minlength=vocab)[:vocab]
         if rep != 1.0:
             seen = out_counts > 0
             if p_ids:
-                seen |= torch.bincount(torch.tensor(p_ids, dtype=torch.long, device=dev), minlength=vocab)[:vocab] > 0
+                seen |= torch.bincount(to_device(p_ids, torch.long, dev), minlength=vocab)[:vocab] > 0
             row.copy_(torch.where(seen, torch.where(row > 0, row / rep, row * rep), row))
         row -= freq * out_counts.to(row.dtype) + pres * (out_counts > 0).to(row.dtype)
 
@@ -69,7 +77,7 @@ def apply_penalties(
 def probs_from_logits(logits: torch.Tensor, p: RowParams) -> torch.Tensor:
     """Temperature, then top-k, top-p and min-p filtering; returns normalized probabilities [R, V].
     Greedy rows (temperature 0) get a one-hot at the argmax."""
-    greedy = p.temperature <= 1e-5
+    greedy = p.temperature <= GREEDY_TEMPERATURE
     temp = torch.where(greedy, torch.ones_like(p.temperature), p.temperature)
     probs = torch.softmax(logits / temp[:, None], dim=-1)
     if p.need_sort:
@@ -85,7 +93,7 @@ def probs_from_logits(logits: torch.Tensor, p: RowParams) -> torch.Tensor:
         thresh = probs.max(dim=-1, keepdim=True).values * p.min_p[:, None]
         probs = probs.masked_fill(probs < thresh, 0.0)
     probs = probs / probs.sum(-1, keepdim=True)
-    if bool(greedy.any()):
+    if p.any_greedy if p.any_greedy is not None else bool(greedy.any()):
         onehot = torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
         probs = torch.where(greedy[:, None], onehot, probs)
     return probs
