@@ -22,7 +22,7 @@ from verispec.engine.scheduler import ScheduledRequest, SchedulerOutput
 from verispec.models.layers.attention import AttentionMetadata, build_reference_indices, reference_attention
 from verispec.models.qwen2 import CausalLM
 from verispec.spec.verify import rejection_sample, verify_greedy, verify_random
-from verispec.worker.inputs import Staging, allocate_kv_cache, extend_slots, padded_tables
+from verispec.worker.inputs import Staging, allocate_kv_cache, extend_slots, padded_tables, to_device
 from verispec.worker.sampler import RowParams, apply_penalties, probs_from_logits, row_params, top_logprobs
 from verispec.worker.token_state import PLACEHOLDER, DeviceTokens, Owner, check_fresh, gather_plan
 
@@ -469,13 +469,15 @@ class ModelRunner:
         pen_rows, pen_prompt, pen_out, pres, freq, rep = [], [], [], [], [], []
         for s, r0 in sampling:
             req, p = s.request, s.request.params
+            if len(req.output_token_ids) >= p.min_tokens and not p.needs_penalties:
+                continue  # the common case: nothing to mask or penalize in any of its rows
             for j in range(s.num_draft_tokens + 1):
                 n_out = len(req.output_token_ids) + j
                 if n_out < p.min_tokens:
                     banned = list(p.stop_token_ids) + ([] if p.ignore_eos else list(req.eos_token_ids))
                     banned = [t for t in banned if t < logits.shape[-1]]
                     if banned:
-                        logits[r0 + j, banned] = float("-inf")
+                        logits[r0 + j].index_fill_(0, to_device(banned, torch.long, logits.device), float("-inf"))
                 if p.needs_penalties:
                     drafts = check_fresh(req.spec_token_ids[: s.num_draft_tokens], "spec_token_ids")
                     pen_rows.append(r0 + j)

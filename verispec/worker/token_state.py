@@ -11,9 +11,12 @@ Host mirrors in this engine, and when each is stale:
   - Request.spec_token_ids: in the overlapped loop, draft ids proposed on the device are
     PLACEHOLDER on the host until the draft step is collected. The verifier must read the drafts
     from DeviceTokens (the device buffer), never from this mirror.
-  - StepHandle.host_*: pinned copies filled by non-blocking copies; valid only after the step's
-    event completed (collect() waits for it). On CPU the copy is synchronous, but the mirror is
-    still *logically* stale until collect(), so CPU tests exercise the same lifetimes as CUDA.
+  - StepHandle.host: the step's packed results [tokens | counts], one non-blocking copy into a
+    reused pinned buffer; valid only after the step's event completed (collect() waits for it;
+    counts() waits for it too and reads only the counts). collect() hands the buffer back to the
+    runner's pool, so nothing may read it afterwards (StepHandle.collected holds the values). On
+    CPU the copy is synchronous, but the mirror is still *logically* stale until collect(), so
+    CPU tests exercise the same lifetimes as CUDA.
 With VERISPEC_DEBUG_STALE=1, reading a stale mirror through read_mirror() raises StaleMirrorError.
 """
 
