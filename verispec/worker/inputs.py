@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
-import numpy as np
 import torch
 
 from verispec.models.layers.attention import AttentionMetadata, build_reference_indices
@@ -106,8 +107,21 @@ def padded_tables(tables: list[list[int]], width: int) -> list[int]:
     return flat
 
 
+class _Layout(NamedTuple):
+    """Where a step's sections live in a staging slot, with their device views made once."""
+
+    host: torch.Tensor  # host[:size]
+    dev: torch.Tensor  # dev[:size]
+    offsets64: list[int]
+    offsets32: list[int]
+    views: list[torch.Tensor | None]
+
+
 class _StagingSlot:
-    """One host buffer (pinned on CUDA) and its device twin, both int64."""
+    """One host buffer (pinned on CUDA) and its device twin, both int64, and the views of the
+    section layouts seen so far (a steady decode batch reuses one layout every step)."""
+
+    MAX_LAYOUTS = 64
 
     def __init__(self, device: torch.device, capacity: int) -> None:
         self.device = device
@@ -119,6 +133,7 @@ class _StagingSlot:
         self.host = torch.zeros(capacity, dtype=torch.long, pin_memory=self.device.type == "cuda")
         self.dev = torch.zeros(capacity, dtype=torch.long, device=self.device)
         self.h64, self.h32 = self.host.numpy(), self.host.view(torch.int32).numpy()
+        self.layouts: dict[tuple, _Layout] = {}
 
     def acquire(self, size: int) -> None:
         """Wait until the last copy out of this slot is done; grow it to hold size int64s."""
@@ -128,8 +143,25 @@ class _StagingSlot:
         if size > self.host.numel():
             self._allocate(max(size, 2 * self.host.numel()))
 
-    def send(self, size: int) -> None:
-        self.dev[:size].copy_(self.host[:size], non_blocking=True)
+    def layout(self, lens64: tuple[int, ...], lens32: tuple[int, ...], size: int) -> _Layout:
+        key = (lens64, lens32)
+        found = self.layouts.get(key)
+        if found is None:
+            if len(self.layouts) >= self.MAX_LAYOUTS:
+                self.layouts.clear()
+            found = self.layouts[key] = self._make_layout(lens64, lens32, size)
+        return found
+
+    def _make_layout(self, lens64: tuple[int, ...], lens32: tuple[int, ...], size: int) -> _Layout:
+        offsets64 = list(itertools.accumulate(lens64[:-1], initial=0))
+        offsets32 = list(itertools.accumulate(lens32[:-1], initial=2 * sum(lens64)))
+        dev32 = self.dev.view(torch.int32)
+        views = [self.dev[o : o + n] if n else None for o, n in zip(offsets64, lens64, strict=True)]
+        views += [dev32[o : o + n] if n else None for o, n in zip(offsets32, lens32, strict=True)]
+        return _Layout(self.host[:size], self.dev[:size], offsets64, offsets32, views)
+
+    def send(self, layout: _Layout) -> None:
+        layout.dev.copy_(layout.host, non_blocking=True)
         if self.event is not None:
             self.event.record()
             self.recorded = True
@@ -151,28 +183,16 @@ class Staging:
 
     def stage(self, longs: Sequence[Sequence[int]], ints: Sequence[Sequence[int]]) -> list[torch.Tensor | None]:
         """Device views of the sections, in order: int64 ones, then int32 ones (None for an empty
-        section: no view is made)."""
-        n64 = sum(len(x) for x in longs)
-        n32 = sum(len(x) for x in ints)
-        size = n64 + (n32 + 1) // 2
+        section). The views are valid until the slot comes round again (two calls later)."""
+        lens64, lens32 = tuple(map(len, longs)), tuple(map(len, ints))
+        size = sum(lens64) + (sum(lens32) + 1) // 2
         slot = self._slots[self._next]
         self._next = (self._next + 1) % len(self._slots)
         slot.acquire(size)
-        bounds = self._write(slot.h64, longs, 0) + self._write(slot.h32, ints, 2 * n64)
-        slot.send(size)
-        dev32 = slot.dev.view(torch.int32) if n32 else None
-        views: list[torch.Tensor | None] = []
-        for i, (a, b) in enumerate(bounds):
-            views.append(None if a == b else slot.dev[a:b] if i < len(longs) else dev32[a:b])
-        return views
-
-    @staticmethod
-    def _write(dst: np.ndarray, sections: Sequence[Sequence[int]], offset: int) -> list[tuple[int, int]]:
-        bounds = []
-        for x in sections:
-            n = len(x)
-            if n:
-                dst[offset : offset + n] = x
-            bounds.append((offset, offset + n))
-            offset += n
-        return bounds
+        lay = slot.layout(lens64, lens32, size)
+        for dst, sections, offsets in ((slot.h64, longs, lay.offsets64), (slot.h32, ints, lay.offsets32)):
+            for x, o in zip(sections, offsets, strict=True):
+                if x:
+                    dst[o : o + len(x)] = x
+        slot.send(lay)
+        return lay.views

@@ -14,6 +14,7 @@ import itertools
 import random
 import zlib
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -110,6 +111,18 @@ class _HostBatch:
     offsets: dict[str, int] = field(default_factory=dict)
 
 
+class _DeviceInputs(NamedTuple):
+    """A step's inputs on the device (views of the runner's staging buffers)."""
+
+    ids: torch.Tensor  # [T] input ids, placeholders filled in
+    ids_ext: torch.Tensor  # [T + 1]: the ids and a -2 sentinel (the padding of draft_idx)
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    logit_rows: torch.Tensor | None  # None: every token is a logit row, in order
+    draft_idx: torch.Tensor | None  # [S, kmax] input positions of the drafts; None without drafts
+    row_idx: torch.Tensor | None  # [S * (kmax + 1)] logit row of each verified position
+
+
 class _HostMirrors:
     """Reusable host buffers (pinned on CUDA) and events for the results' device->host copies."""
 
@@ -167,7 +180,7 @@ class ModelRunner:
         self.graphs = None
         self.staging = Staging(device)
         self._mirrors = _HostMirrors(device)
-        self._ones_buf = torch.ones(256, dtype=torch.long, device=device)
+        self._ones_by_n: dict[int, torch.Tensor] = {}
         self._arange_buf = torch.arange(32, device=device)
         if device.type == "cuda":
             from verispec.kernels.fused import enable_triton
@@ -206,22 +219,41 @@ class ModelRunner:
         """Build the step's inputs (one host->device copy), run the model, verify / sample on the
         device and start one device->host copy of the results. Never waits for the device."""
         hb = self._assemble(sched)
-        if faults.active("row_by_position") and sources.get("out") is not None:
-            # The bug: the previous step's rows looked up by this step's batch position, which
-            # differs from the producing step's row once a request ahead has finished.
-            prev = sources["out"]
-            order = [s.request.request_id for s in sched.scheduled]
-            rows = {rid: min(i, prev.values.shape[0] - 1) for i, rid in enumerate(order)}
-            sources = {**sources, "out": DeviceTokens(prev.values, rows, prev.base)}
+        inp = self._stage(hb, self._fault_sources(sched, sources))
+        out = self.graphs.run(inp.ids, inp.positions, inp.meta, len(hb.query_lens), inp.meta.max_query_len) if self.graphs else None
+        if out is not None:
+            hidden, captured = out.hidden, out.captured
+        else:
+            hidden, captured = self.model(inp.ids, inp.positions, inp.meta, self.kv_caches, self.capture_layers)
+        handle = StepHandle(sched, hb.sampling, captured, hb.offsets)
+        if hb.sampling:
+            self._sample(handle, hb, inp, hidden if inp.logit_rows is None else hidden[inp.logit_rows], draft_probs)
+        return handle
+
+    @staticmethod
+    def _fault_sources(sched: SchedulerOutput, sources: dict[str, DeviceTokens | None]) -> dict[str, DeviceTokens | None]:
+        """The sources, or with VERISPEC_FAULT=row_by_position the planted bug: the previous step's
+        rows looked up by this step's batch position, which differs from the producing step's row
+        once a request ahead has finished."""
+        prev = sources.get("out")
+        if prev is None or not faults.active("row_by_position"):
+            return sources
+        order = [s.request.request_id for s in sched.scheduled]
+        rows = {rid: min(i, prev.values.shape[0] - 1) for i, rid in enumerate(order)}
+        return {**sources, "out": DeviceTokens(prev.values, rows, prev.base)}
+
+    def _stage(self, hb: _HostBatch, sources: dict[str, DeviceTokens | None]) -> _DeviceInputs:
+        """The step's inputs on the device: one staged copy, then the placeholders filled in from
+        the device sources (token_state.gather_plan)."""
         ph_pos, ph_src, flat = gather_plan(hb.placeholders, sources)
         ids = hb.ids
-        if faults.active("placeholder_leak"):
+        if hb.placeholders and faults.active("placeholder_leak"):
             ids = [0 if t == PLACEHOLDER else t for t in ids]  # the bug: placeholders reach the model
             ph_pos, ph_src = [], []
         num_tokens, num_seqs = len(ids), len(hb.query_lens)
         dense = len(hb.logit_rows) == num_tokens  # every token is a logit row, in order
         kmax = max(map(len, hb.draft_pos), default=0)
-        width = max((len(p) for p in hb.tables), default=0)
+        width = max(map(len, hb.tables))
         ids_ext, positions, slots, pos_t, src_t, rows, draft_idx, row_idx, qsl, seq_lens, tables = self.staging.stage(
             [ids + [-2], hb.positions, hb.slots, ph_pos, ph_src, [] if dense else hb.logit_rows,
              self._draft_index(hb.draft_pos, kmax, num_tokens), self._row_index(hb.sampling, kmax)],
@@ -235,29 +267,23 @@ class ModelRunner:
             max_query_len=max(hb.query_lens), max_seq_len=max(hb.seq_lens), block_size=self.block_size,
             **self._reference_indices(hb),
         )
-        out = self.graphs.run(input_ids, positions, meta, num_seqs, meta.max_query_len) if self.graphs else None
-        if out is not None:
-            hidden, captured = out.hidden, out.captured
-        else:
-            hidden, captured = self.model(input_ids, positions, meta, self.kv_caches, self.capture_layers)
-        handle = StepHandle(sched, hb.sampling, captured, hb.offsets)
-        if not hb.sampling:
-            return handle
-        logits = self.model.compute_logits(hidden if dense else hidden[rows])
+        drafts_at = draft_idx.view(len(hb.sampling), kmax) if kmax else None
+        return _DeviceInputs(input_ids, ids_ext, positions, meta, rows, drafts_at, row_idx)
+
+    def _sample(self, handle: StepHandle, hb: _HostBatch, inp: _DeviceInputs, hidden: torch.Tensor, draft_probs) -> None:
+        """Logits of the sampled rows, verification / sampling, and the copy of the results."""
+        logits = self.model.compute_logits(hidden)
         self._mask_and_penalize(logits, hb.sampling)
-        num = len(hb.sampling)
         drafts = None
-        if kmax:
-            draft_idx = draft_idx.view(num, kmax)
-            drafts = self._draft_tensor(ids_ext, hb.ids, draft_idx)
-        if self.audit_rate > 0 and kmax:
-            # The audit re-verifies against the drafts the device actually fed the model.
-            true_drafts = self._draft_tensor(ids_ext, hb.ids, draft_idx, honest=True)
-            handle.audit = self._maybe_audit(hb.sampling, logits, true_drafts, draft_probs)
-        handle.packed, handle.width = self._verify(logits, hb.sampling, drafts, draft_probs, row_idx)
+        if inp.draft_idx is not None:
+            drafts = self._draft_tensor(inp.ids_ext, hb.ids, inp.draft_idx)
+            if self.audit_rate > 0:
+                # The audit re-verifies against the drafts the device actually fed the model.
+                true_drafts = self._draft_tensor(inp.ids_ext, hb.ids, inp.draft_idx, honest=True)
+                handle.audit = self._maybe_audit(hb.sampling, logits, true_drafts, draft_probs)
+        handle.packed, handle.width = self._verify(logits, hb.sampling, drafts, draft_probs, inp.row_idx)
         handle.logits = logits
         handle.host, handle.event, handle._mirror_slot = self._mirrors.copy(handle.packed)
-        return handle
 
     def _assemble(self, sched: SchedulerOutput) -> _HostBatch:
         """Host lists for a step: ids (PLACEHOLDER where only the device knows the value), their
@@ -380,9 +406,10 @@ class ModelRunner:
 
     def _ones(self, n: int) -> torch.Tensor:
         """A persistent device tensor of n ones (long); never written."""
-        if self._ones_buf.numel() < n:
-            self._ones_buf = torch.ones(max(n, 2 * self._ones_buf.numel()), dtype=torch.long, device=self.device)
-        return self._ones_buf[:n]
+        ones = self._ones_by_n.get(n)
+        if ones is None:
+            ones = self._ones_by_n[n] = torch.ones(n, dtype=torch.long, device=self.device)
+        return ones
 
     def _arange(self, n: int) -> torch.Tensor:
         """A persistent device arange(n) (long); never written."""
