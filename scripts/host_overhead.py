@@ -4,8 +4,8 @@ The model is so small (2 layers, hidden 64, vocabulary 512) that its compute har
 time spent inside the model's forward and logits (and in the torch reference attention's index
 building, which the GPU path does not run) is measured separately and subtracted, so "host" is
 what the engine itself costs per step: scheduling, input building, launching the verification /
-sampling ops, collect, detokenizing, outputs. Times are CPU time of the main thread (the machine may be
-shared; torch runs on one thread), best of --repeats runs.
+sampling ops, collect, detokenizing, outputs. Times are CPU time of the main thread (the machine
+may be shared; torch runs on one thread), best of --repeats runs.
 
     PYTHONPATH=$PWD python3 scripts/host_overhead.py [--steps 200] [--batch-sizes 1,64] [--profile CASE]
 """
@@ -30,7 +30,8 @@ from verispec.worker import inputs, runner  # noqa: E402
 
 
 class ForwardTimer:
-    """Accumulates wall time spent in the model's forward and the reference attention indices."""
+    """Accumulates CPU time spent in the model's forward, its logits and the reference attention
+    indices (model compute, which the GPU runs in kernels)."""
 
     def __init__(self, model) -> None:
         self.seconds = 0.0
