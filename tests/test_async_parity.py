@@ -10,7 +10,6 @@ from tiny import greedy_continuation, run_all, tiny_config, tiny_engine, tiny_mo
 
 from verispec.spec.dflash import save_drafter
 
-
 VOCAB = 512  # small, so the tiny model's outputs repeat and ngram finds drafts
 
 
