@@ -182,7 +182,8 @@ def pick_num_splits(num_programs: int, device: torch.device) -> int:
     want = PROGRAMS_PER_SM * _num_sms(device)
     if num_programs >= want:
         return 1
-    return min(MAX_SPLITS, triton.cdiv(want, num_programs))
+    # A power of two: NUM_SPLITS is a compile-time constant, so few distinct values = few JIT compiles.
+    return min(MAX_SPLITS, triton.next_power_of_2(triton.cdiv(want, num_programs)))
 
 
 def triton_attention(
