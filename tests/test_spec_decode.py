@@ -170,3 +170,27 @@ def test_draft_model_with_other_vocab_is_refused(model):
     other = tiny_model(tiny_config(vocab=1000, layers=1))
     with pytest.raises(ValueError, match="vocabulary"):
         tiny_engine(model, spec={"method": "draft_model", "num_speculative_tokens": 2, "model": "x"}, draft_override=other)
+
+
+def test_draft_catch_up_is_uniform(model, monkeypatch):
+    """The draft model's catch-up forward always covers the last k + 1 tokens (so it can replay a
+    CUDA graph), including after rejections, and the oracle still accepts everything."""
+    from verispec.spec.draft_model import DraftModelProposer
+
+    k, lengths = 3, []
+    orig = DraftModelProposer._forward_chunks
+
+    def record(self, items, sources):
+        lengths.extend(end - start for _, start, end in items)
+        return orig(self, items, sources)
+
+    monkeypatch.setattr(DraftModelProposer, "_forward_chunks", record)
+    eng = tiny_engine(model, spec={"method": "self", "num_speculative_tokens": k})
+    prompts = [[7, 8, 9, 10, 11, 12], [20, 21, 22, 23, 24, 25, 26, 27, 28]]
+    run_all(eng, prompts, [SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)] * 2)
+    # The first propose() of a request drafts over its whole prompt + first token (the draft's
+    # prefill); every later catch-up is exactly k + 1 tokens.
+    catch_ups = [n for n in lengths if n not in [len(p) + 1 for p in prompts]]
+    assert len(catch_ups) == len(lengths) - len(prompts)
+    assert catch_ups and all(n == k + 1 for n in catch_ups), lengths
+    assert eng.get_metrics()["spec_decode_num_accepted_tokens"] == eng.get_metrics()["spec_decode_num_draft_tokens"]
