@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from verispec.config import EngineConfig
 from verispec.engine import faults
 from verispec.engine.detokenizer import IncrementalDetokenizer
-from verispec.engine.request import Request
+from verispec.engine.request import Request, Status
 from verispec.engine.scheduler import Scheduler
 from verispec.engine.setup import EngineParts, build_engine_parts
 from verispec.outputs import CompletionOutput, RequestOutput
@@ -51,7 +51,8 @@ class LLMEngine:
         self.blocks = p.blocks
         self.runner = p.runner
         self.proposer = p.proposer
-        self.scheduler = Scheduler(p.blocks, config.max_num_seqs, config.max_num_batched_tokens, p.max_model_len)
+        self.scheduler = Scheduler(p.blocks, config.max_num_seqs, config.max_num_batched_tokens, p.max_model_len,
+                                   resume_for_drafts=p.proposer is not None)
         self.spec = SpecCounters()
         self.groups: dict[str, _Group] = {}
         self.seq_to_group: dict[str, _Group] = {}
@@ -239,9 +240,15 @@ class LLMEngine:
             r for r in self.scheduler.running
             if r.output_token_ids and r.num_computed_tokens == r.num_tokens - 1 and not r.pending_stop
         ]
-        # Drafters write K/V at the draft positions, so their blocks are reserved now; a request
-        # that cannot get them simply goes without drafts this step.
-        ready = [r for r in ready if self.scheduler.reserve(r, r.num_tokens + self.proposer.num_drafts_for(r))]
+        # Drafters write K/V at the draft positions, so their blocks are reserved now. A request
+        # never goes without drafts for lack of blocks (that would make its draft schedule, and so
+        # its sampled tokens, depend on block pressure): requests are preempted as in schedule(),
+        # and a preempted request resumes in the decode state and drafts then (scheduler.py).
+        for r in ready:
+            if r.status is Status.RUNNING:
+                for victim in self.scheduler.reserve(r, r.num_tokens + self.proposer.num_drafts_for(r)):
+                    self.proposer.free_request(victim.request_id)
+        ready = [r for r in ready if r.status is Status.RUNNING]
         proposal = self.proposer.propose(ready, sources)
         if not self.config.async_scheduling:
             proposal.collect_host()
