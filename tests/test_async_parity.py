@@ -73,3 +73,27 @@ def test_async_with_penalties_matches_sync(models):
         eng = tiny_engine(models[0], async_scheduling=mode)
         out[mode] = [o.outputs[0].token_ids for o in run_all(eng, prompts, params)]
     assert out[True] == out[False]
+
+
+@pytest.mark.parametrize("method", ["ngram", "self", "draft_model"])
+def test_draft_schedule_independent_of_block_pressure(models, method):
+    """A request's draft schedule is a function of the request alone: under block pressure
+    (preemption, draft blocks reserved by preempting) both loops give the sampled requests the same
+    tokens and the same acceptance counters as with blocks to spare, where nothing is preempted.
+    (Before, a request that could not get its draft blocks went without drafts that step, so
+    its rejection-sampled tokens depended on what else was running.)"""
+    prompts, params = scenario_prompts(vocab_hi=VOCAB - 12), scenario_params(32)
+    ample = {**STRESS, "num_gpu_blocks": 200}
+    cells = {}
+    for name, sizes in (("ample", ample), ("stress", STRESS)):
+        for mode in (False, True):
+            def build(spec, async_scheduling, sizes=sizes):
+                override = models[1] if spec["method"] == "draft_model" else None
+                return tiny_engine(models[0], spec=spec, draft_override=override, async_scheduling=async_scheduling, **sizes)
+
+            toks, counters, m, _ = run_scenario(build, method, mode, prompts, params)
+            cells[name, mode] = (toks, counters, m["num_preemptions"])
+    assert cells["ample", False][2] == 0 and cells["stress", False][2] > 0
+    for key, (toks, counters, _) in cells.items():
+        assert toks == cells["ample", False][0], key
+        assert counters == cells["ample", False][1], key

@@ -52,7 +52,7 @@ class LLMEngine:
         self.runner = p.runner
         self.proposer = p.proposer
         self.scheduler = Scheduler(p.blocks, config.max_num_seqs, config.max_num_batched_tokens, p.max_model_len,
-                                   resume_for_drafts=p.proposer is not None)
+                                   drafts_for=p.proposer.num_drafts_for if p.proposer is not None else None)
         self.spec = SpecCounters()
         self.groups: dict[str, _Group] = {}
         self.seq_to_group: dict[str, _Group] = {}

@@ -6,7 +6,7 @@ waiting requests are admitted with what is left of the token budget. When blocks
 most recently arrived running request is preempted: its blocks are freed and it is recomputed
 later (its published prefix blocks usually survive in the prefix cache).
 
-With a proposer (`resume_for_drafts`), a request resumed after preemption recomputes all but its
+With a proposer (`drafts_for`: how many drafts it will propose for a request), a request resumed after preemption recomputes all but its
 last token: it comes back in the decode state and gets drafts for its next output index, exactly
 as if it had never been preempted. Together with `reserve()` (draft blocks are taken with the same
 preemption rule, never silently skipped) this makes a request's draft schedule (how many drafts
@@ -17,6 +17,7 @@ pressure, prefix hits or the loop that drives the engine.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from verispec.engine import faults
@@ -60,10 +61,10 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         max_model_len: int,
-        resume_for_drafts: bool = False,
+        drafts_for: Callable[[Request], int] | None = None,
     ) -> None:
         self.blocks = blocks
-        self.resume_for_drafts = resume_for_drafts
+        self.drafts_for = drafts_for
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -97,7 +98,7 @@ class Scheduler:
                 i += 1
                 continue
             num_new = min(num_new + k, budget)
-            if not self._allocate_or_preempt(req, req.num_computed_tokens + num_new, out):
+            if not self._allocate_or_preempt(req, self._blocks_for(req, num_new), out):
                 continue  # req itself was preempted; the list shrank
             out.scheduled.append(ScheduledRequest(req, req.num_computed_tokens, num_new, k))
             budget -= num_new
@@ -116,13 +117,13 @@ class Scheduler:
                 req.num_computed_tokens = len(hit) * self.blocks.block_size
                 req.num_cached_tokens = req.num_computed_tokens
             num_new = min(self._target(req) - req.num_computed_tokens, budget)
-            if not self.blocks.allocate(req.block_ids, req.num_computed_tokens + num_new):
+            if not self.blocks.allocate(req.block_ids, self._blocks_for(req, num_new)):
                 if not self.running:
                     # Nothing else holds blocks: admit a smaller chunk rather than stall forever.
                     room = len(self.blocks.free) * self.blocks.block_size
                     room += len(req.block_ids) * self.blocks.block_size - req.num_computed_tokens
                     num_new = min(num_new, room)
-                    if num_new <= 0 or not self.blocks.allocate(req.block_ids, req.num_computed_tokens + num_new):
+                    if num_new <= 0 or not self.blocks.allocate(req.block_ids, self._blocks_for(req, num_new)):
                         break
                 else:
                     self._release(req)
@@ -142,7 +143,16 @@ class Scheduler:
     def _resumes_short(self, req: Request) -> bool:
         """True for a request with output tokens that must (re)compute its context before
         drafting: its prefill stops one token short of the end."""
-        return self.resume_for_drafts and bool(req.output_token_ids) and req.num_computed_tokens < req.num_tokens - 1
+        return self.drafts_for is not None and bool(req.output_token_ids) and req.num_computed_tokens < req.num_tokens - 1
+
+    def _blocks_for(self, req: Request, num_new: int) -> int:
+        """Tokens whose blocks a chunk of num_new tokens needs: its own, and when it completes a
+        resume, also the drafts that propose() reserves right after the step (admitting it
+        without them would only preempt it again once the prefill is done)."""
+        end = req.num_computed_tokens + num_new
+        if self._resumes_short(req) and end == req.num_tokens - 1:
+            return req.num_tokens + self.drafts_for(req)
+        return end
 
     def _target(self, req: Request) -> int:
         """How far the request's known tokens are computed this step (before drafts): all of
