@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from parity import STRESS, run_scenario, scenario_params, scenario_prompts
+from parity import SPECS, STRESS, run_scenario, scenario_params, scenario_prompts
 from tiny import greedy_continuation, run_all, tiny_config, tiny_engine, tiny_model, trained_tiny_drafter
 
 from verispec.spec.dflash import save_drafter
@@ -72,4 +72,52 @@ def test_async_with_penalties_matches_sync(models):
     for mode in (False, True):
         eng = tiny_engine(models[0], async_scheduling=mode)
         out[mode] = [o.outputs[0].token_ids for o in run_all(eng, prompts, params)]
+    assert out[True] == out[False]
+
+
+@pytest.mark.parametrize("method", ["ngram", "self", "draft_model"])
+def test_draft_schedule_independent_of_block_pressure(models, method):
+    """A request's draft schedule is a function of the request alone: under block pressure
+    (preemption, draft blocks reserved by preempting) both loops give the sampled requests the same
+    tokens and the same acceptance counters as with blocks to spare, where nothing is preempted.
+    (Before, a request that could not get its draft blocks went without drafts that step, so
+    its rejection-sampled tokens depended on what else was running.)"""
+    prompts, params = scenario_prompts(vocab_hi=VOCAB - 12), scenario_params(32)
+    ample = {**STRESS, "num_gpu_blocks": 200}
+    cells = {}
+    for name, sizes in (("ample", ample), ("stress", STRESS)):
+        for mode in (False, True):
+            def build(spec, async_scheduling, sizes=sizes):
+                override = models[1] if spec["method"] == "draft_model" else None
+                return tiny_engine(models[0], spec=spec, draft_override=override, async_scheduling=async_scheduling, **sizes)
+
+            toks, counters, m, _ = run_scenario(build, method, mode, prompts, params)
+            cells[name, mode] = (toks, counters, m["num_preemptions"])
+    assert cells["ample", False][2] == 0 and cells["stress", False][2] > 0
+    for key, (toks, counters, _) in cells.items():
+        assert toks == cells["ample", False][0], key
+        assert counters == cells["ample", False][1], key
+
+
+@pytest.mark.parametrize("method", ["self", "draft_model"])
+def test_async_device_drafts_with_penalties_match_sync(models, method):
+    """Penalties count the drafts before each verified position, on the host. Device drafters leave
+    PLACEHOLDER mirrors in the overlapped loop, so the engine collects the drafts' values before a
+    step with penalty requests; the output and the counters equal the synchronous loop's. Greedy and
+    seeded sampled penalty requests, next to a request without penalties."""
+    from verispec import SamplingParams
+
+    prompts = scenario_prompts(vocab_hi=VOCAB - 12)[:3]
+    pen = dict(max_tokens=16, ignore_eos=True, repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.3)
+    params = [SamplingParams(temperature=0.0, **pen), SamplingParams(temperature=0.9, seed=5, **pen),
+              SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)]
+    spec = SPECS[method]
+    out = {}
+    for mode in (False, True):
+        eng = tiny_engine(models[0], spec=spec, draft_override=models[1] if method == "draft_model" else None,
+                          async_scheduling=mode)
+        res = run_all(eng, prompts, params)
+        m = eng.get_metrics()
+        out[mode] = ([o.outputs[0].token_ids for o in res], m["spec_decode_num_draft_tokens"], m["spec_decode_num_accepted_tokens"])
+    assert out[False][1] > 0
     assert out[True] == out[False]

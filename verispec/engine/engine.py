@@ -14,14 +14,15 @@ from dataclasses import dataclass
 from verispec.config import EngineConfig
 from verispec.engine import faults
 from verispec.engine.detokenizer import IncrementalDetokenizer
-from verispec.engine.request import Request
+from verispec.engine.request import Request, Status
 from verispec.engine.scheduler import Scheduler
 from verispec.engine.setup import EngineParts, build_engine_parts
 from verispec.outputs import CompletionOutput, RequestOutput
 from verispec.sampling_params import SamplingParams
 from verispec.spec.metrics import SpecCounters
+from verispec.spec.proposer import Proposal
 from verispec.worker.runner import StepResult
-from verispec.worker.token_state import PLACEHOLDER, DeviceTokens
+from verispec.worker.token_state import PLACEHOLDER
 
 
 @dataclass
@@ -51,7 +52,8 @@ class LLMEngine:
         self.blocks = p.blocks
         self.runner = p.runner
         self.proposer = p.proposer
-        self.scheduler = Scheduler(p.blocks, config.max_num_seqs, config.max_num_batched_tokens, p.max_model_len)
+        self.scheduler = Scheduler(p.blocks, config.max_num_seqs, config.max_num_batched_tokens, p.max_model_len,
+                                   drafts_for=p.proposer.num_drafts_for if p.proposer is not None else None)
         self.spec = SpecCounters()
         self.groups: dict[str, _Group] = {}
         self.seq_to_group: dict[str, _Group] = {}
@@ -61,8 +63,8 @@ class LLMEngine:
         self.num_steps = 0
         # Draft distributions q for the next step's sampled drafts (empty for point-mass drafts).
         self.pending_draft_probs: dict = {}
-        # Device drafts for the next step (the truth; Request.spec_token_ids is their mirror).
-        self.pending_drafts: DeviceTokens | None = None
+        # Drafts for the next step: `device` is the truth, Request.spec_token_ids their mirror.
+        self.pending_proposal: Proposal | None = None
         # The overlapped loop's launched-but-not-collected step.
         self.inflight = None
         self.audit_mismatches = 0
@@ -152,12 +154,16 @@ class LLMEngine:
 
         The books of step N are committed optimistically (placeholders, counts only) right after
         launch; the values arrive when the step is collected one iteration later."""
-        early = self._drain() if self._needs_host_values() else []
+        early = []
+        if self._needs_host_values():
+            early = self._drain()
+            self._collect_drafts()
         sched = self._schedule()
         if not sched.scheduled:
             return early + self._drain()
         prev = self.inflight
-        sources = {"out": prev.device_tokens() if prev is not None else None, "draft": self.pending_drafts}
+        drafts = self.pending_proposal.device if self.pending_proposal is not None else None
+        sources = {"out": prev.device_tokens() if prev is not None else None, "draft": drafts}
         handle = self.runner.launch(sched, self.pending_draft_probs, sources)
         counts = handle.counts() if any(s.num_draft_tokens for s in sched.scheduled) else None
         self._commit_optimistic(handle, counts)
@@ -170,8 +176,24 @@ class LLMEngine:
         return outputs
 
     def _needs_host_values(self) -> bool:
-        """Penalties read token values on the host: such steps wait for the values first."""
-        return self.inflight is not None and any(r.params.needs_penalties for r in self.scheduler.running)
+        """Penalties read token values on the host (outputs and the drafts before each verified
+        position): such steps wait for the values first."""
+        return any(r.params.needs_penalties for r in self.scheduler.running)
+
+    def _collect_drafts(self) -> None:
+        """Fill the PLACEHOLDER mirrors of device drafts (Request.spec_token_ids) with their
+        values: one device->host copy, only before steps with penalty requests."""
+        p = self.pending_proposal
+        if p is None or p.device is None:
+            return
+        if not any(PLACEHOLDER in r.spec_token_ids for r in self.scheduler.running):
+            return
+        p.collect_host()
+        for r in self.scheduler.running:
+            if PLACEHOLDER in r.spec_token_ids:
+                ids = p.token_ids[r.request_id]
+                assert len(ids) == len(r.spec_token_ids), "drafts of another proposal"
+                r.spec_token_ids = list(ids)
 
     def _drain(self) -> list[RequestOutput]:
         handle, self.inflight = self.inflight, None
@@ -239,16 +261,22 @@ class LLMEngine:
             r for r in self.scheduler.running
             if r.output_token_ids and r.num_computed_tokens == r.num_tokens - 1 and not r.pending_stop
         ]
-        # Drafters write K/V at the draft positions, so their blocks are reserved now; a request
-        # that cannot get them simply goes without drafts this step.
-        ready = [r for r in ready if self.scheduler.reserve(r, r.num_tokens + self.proposer.num_drafts_for(r))]
+        # Drafters write K/V at the draft positions, so their blocks are reserved now. A request
+        # never goes without drafts for lack of blocks (that would make its draft schedule, and so
+        # its sampled tokens, depend on block pressure): requests are preempted as in schedule(),
+        # and a preempted request resumes in the decode state and drafts then (scheduler.py).
+        for r in ready:
+            if r.status is Status.RUNNING:
+                for victim in self.scheduler.reserve(r, r.num_tokens + self.proposer.num_drafts_for(r)):
+                    self.proposer.free_request(victim.request_id)
+        ready = [r for r in ready if r.status is Status.RUNNING]
         proposal = self.proposer.propose(ready, sources)
         if not self.config.async_scheduling:
             proposal.collect_host()
         for r in ready:
             r.spec_token_ids = proposal.token_ids.get(r.request_id, [])
         self.pending_draft_probs = proposal.probs
-        self.pending_drafts = proposal.device
+        self.pending_proposal = proposal
 
     def _count_acceptance(self, req: Request, num_drafts: int, num_accepted: int) -> None:
         if num_drafts == 0:

@@ -5,11 +5,19 @@ touches a tensor. Each step every running request asks for its remaining tokens 
 waiting requests are admitted with what is left of the token budget. When blocks run out, the
 most recently arrived running request is preempted: its blocks are freed and it is recomputed
 later (its published prefix blocks usually survive in the prefix cache).
+
+With a proposer (`drafts_for`: how many drafts it will propose for a request), a request resumed after preemption recomputes all but its
+last token: it comes back in the decode state and gets drafts for its next output index, exactly
+as if it had never been preempted. Together with `reserve()` (draft blocks are taken with the same
+preemption rule, never silently skipped) this makes a request's draft schedule (how many drafts
+each verification of each output index carries) a function of the request alone, not of block
+pressure, prefix hits or the loop that drives the engine.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from verispec.engine import faults
@@ -53,8 +61,10 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         max_model_len: int,
+        drafts_for: Callable[[Request], int] | None = None,
     ) -> None:
         self.blocks = blocks
+        self.drafts_for = drafts_for
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -80,7 +90,7 @@ class Scheduler:
                 i += 1  # waiting for its last values; nothing more to compute
                 continue
             k = len(req.spec_token_ids)
-            num_new = req.num_tokens - req.num_computed_tokens
+            num_new = self._target(req) - req.num_computed_tokens
             k = max(0, min(k, self.max_num_batched_tokens - num_new, self.max_model_len - req.num_tokens))
             if k and num_new + k > budget:
                 # Drafts are never cut to fit the budget: the request waits a step with all of
@@ -88,7 +98,7 @@ class Scheduler:
                 i += 1
                 continue
             num_new = min(num_new + k, budget)
-            if not self._allocate_or_preempt(req, req.num_computed_tokens + num_new, out):
+            if not self._allocate_or_preempt(req, self._blocks_for(req, num_new), out):
                 continue  # req itself was preempted; the list shrank
             out.scheduled.append(ScheduledRequest(req, req.num_computed_tokens, num_new, k))
             budget -= num_new
@@ -99,19 +109,21 @@ class Scheduler:
             if PLACEHOLDER in req.output_token_ids:
                 break  # preempted while a step was in flight: wait for its values
             if not req.block_ids:
-                hit = self.blocks.lookup_prefix(req.all_token_ids)
+                # A request resuming for drafts leaves its last token (and >= 1 more) to compute.
+                ids = req.all_token_ids
+                hit = self.blocks.lookup_prefix(ids[:-1] if self._resumes_short(req) else ids)
                 self.blocks.take_cached(hit)
                 req.block_ids = list(hit)
                 req.num_computed_tokens = len(hit) * self.blocks.block_size
                 req.num_cached_tokens = req.num_computed_tokens
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-            if not self.blocks.allocate(req.block_ids, req.num_computed_tokens + num_new):
+            num_new = min(self._target(req) - req.num_computed_tokens, budget)
+            if not self.blocks.allocate(req.block_ids, self._blocks_for(req, num_new)):
                 if not self.running:
                     # Nothing else holds blocks: admit a smaller chunk rather than stall forever.
                     room = len(self.blocks.free) * self.blocks.block_size
                     room += len(req.block_ids) * self.blocks.block_size - req.num_computed_tokens
                     num_new = min(num_new, room)
-                    if num_new <= 0 or not self.blocks.allocate(req.block_ids, req.num_computed_tokens + num_new):
+                    if num_new <= 0 or not self.blocks.allocate(req.block_ids, self._blocks_for(req, num_new)):
                         break
                 else:
                     self._release(req)
@@ -128,9 +140,32 @@ class Scheduler:
                 self.blocks.publish(s.request.block_ids, s.request.all_token_ids, s.request.num_tokens)
         return out
 
+    def _resumes_short(self, req: Request) -> bool:
+        """True for a request with output tokens that must (re)compute its context before
+        drafting: its prefill stops one token short of the end."""
+        return self.drafts_for is not None and bool(req.output_token_ids) and req.num_computed_tokens < req.num_tokens - 1
+
+    def _blocks_for(self, req: Request, num_new: int) -> int:
+        """Tokens whose blocks a chunk of num_new tokens needs: its own, and when it completes a
+        resume, also the drafts that propose() reserves right after the step (admitting it
+        without them would only preempt it again once the prefill is done)."""
+        end = req.num_computed_tokens + num_new
+        if self._resumes_short(req) and end == req.num_tokens - 1:
+            return req.num_tokens + self.drafts_for(req)
+        return end
+
+    def _target(self, req: Request) -> int:
+        """How far the request's known tokens are computed this step (before drafts): all of
+        them, or all but the last for a request resuming for drafts (see the module docstring)."""
+        return req.num_tokens - 1 if self._resumes_short(req) else req.num_tokens
+
     def _allocate_or_preempt(self, req: Request, num_tokens: int, out: SchedulerOutput) -> bool:
+        """Grow req's blocks to num_tokens, preempting the most recently admitted running
+        requests (possibly req itself) until they fit. False if req itself was preempted."""
         while not self.blocks.allocate(req.block_ids, num_tokens):
-            victim = self.running[-1]
+            # Requests waiting only for their last values (pending_stop) hold no blocks: skip them
+            # (the synchronous loop has already finished them).
+            victim = next(r for r in reversed(self.running) if not r.pending_stop)
             self._preempt(victim, out)
             if victim is req:
                 return False
@@ -165,9 +200,13 @@ class Scheduler:
             self.blocks.publish(req.block_ids, req.token_slice(first * bs, n * bs), n * bs, first)
             req.num_published_blocks = n
 
-    def reserve(self, req: Request, num_tokens: int) -> bool:
-        """Blocks for num_tokens (draft positions) without preempting anyone."""
-        return self.blocks.allocate(req.block_ids, num_tokens)
+    def reserve(self, req: Request, num_tokens: int) -> list[Request]:
+        """Blocks for num_tokens (the draft positions a drafter writes before the step that
+        verifies them), preempting as schedule() does when they run out, possibly req itself:
+        a request never goes without its drafts for lack of blocks. Returns the preempted."""
+        out = SchedulerOutput()
+        self._allocate_or_preempt(req, num_tokens, out)
+        return out.preempted
 
     # ---- commit ----------------------------------------------------------------------------
     def commit(self, s: ScheduledRequest, sampled: list[int] | None, publish: bool = True) -> int:

@@ -99,11 +99,11 @@ def assemble_parts(config: EngineConfig, tok, model: CausalLM, device, dtype, t0
     proposer, draft_per_block = build_proposer(config, model, tok, device, dtype, max_model_len)
     per_block = kv_bytes_per_block(cfg, config.block_size, dtype) + draft_per_block
     num_blocks = size_kv_blocks(config, per_block, device, max_model_len)
-    # A single request must always fit alone, or it could never finish.
-    max_model_len = min(max_model_len, num_blocks * config.block_size)
     use_graphs = device.type == "cuda" and not config.extra.get("enforce_eager", False)
     # With CUDA graphs the cache's last block is reserved as the graphs' scratch block.
     blocks = BlockManager(num_blocks - int(use_graphs), config.block_size, config.enable_prefix_caching)
+    # A single request must always fit alone (with its drafts), or it could never finish.
+    max_model_len = min(max_model_len, blocks.num_blocks * config.block_size)
     capture = proposer.capture_layers if proposer is not None else ()
     graph_options = None
     if use_graphs:

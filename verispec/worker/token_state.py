@@ -9,8 +9,9 @@ Host mirrors in this engine, and when each is stale:
     step's launch (optimistic commit) until StepHandle.collect() replaces them. Readers: the
     detokenizer, stop checks, host proposers (ngram) and penalties — only after collect().
   - Request.spec_token_ids: in the overlapped loop, draft ids proposed on the device are
-    PLACEHOLDER on the host until the draft step is collected. The verifier must read the drafts
-    from DeviceTokens (the device buffer), never from this mirror.
+    PLACEHOLDER on the host; the engine fills them in (LLMEngine._collect_drafts) only before a
+    step with penalty requests, whose penalties count the drafts. The verifier must read the
+    drafts from DeviceTokens (the device buffer), never from this mirror.
   - StepHandle.host: the step's packed results [tokens | counts], one non-blocking copy into a
     reused pinned buffer; valid only after the step's event completed (collect() waits for it;
     counts() waits for it too and reads only the counts). collect() hands the buffer back to the
