@@ -16,6 +16,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+import triton
 
 from verispec.bench.hardware import HBM_BYTES_PER_S
 from verispec.config import ModelConfig
@@ -56,15 +57,11 @@ def _sweep_configs(m: int) -> list[dict]:
     if m == 1:
         grid = itertools.product([1], [2, 4, 8, 16], [256, 512, 1024], [4, 8], [3, 4], [False])
     elif m <= 4:
-        grid = itertools.product([triton_pow2(m)], [4, 8, 16], [128, 256, 512], [4], [3], [False])
+        grid = itertools.product([triton.next_power_of_2(m)], [4, 8, 16], [128, 256, 512], [4], [3], [False])
     else:
         grid = itertools.product([16], [16, 32, 64], [64, 128, 256], [4], [3, 4], [True])
     return [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=s, USE_DOT=d)
             for bm, bn, bk, w, s, d in grid]
-
-
-def triton_pow2(n: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(n)))
 
 
 def run_linear(cfg: ModelConfig, rows: list[int], device: torch.device, dtype: torch.dtype, sweep: bool,

@@ -49,16 +49,13 @@ def build_batch(
     for c in chunks:
         n = len(c.token_ids)
         ids.extend(c.token_ids)
-        for p in range(c.start, c.start + n):
-            pos.append(p)
-            slots.append(c.block_ids[p // block_size] * block_size + p % block_size)
+        pos.extend(range(c.start, c.start + n))
+        extend_slots(slots, c.block_ids, c.start, n, block_size)
         query_lens.append(n)
         seq_lens.append(c.start + n)
         tables.append(c.block_ids)
     max_blocks = max(len(t) for t in tables)
-    bt = torch.zeros(len(chunks), max_blocks, dtype=torch.int32)
-    for i, t in enumerate(tables):
-        bt[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
+    bt = torch.tensor(padded_tables(tables, max_blocks), dtype=torch.int32).view(len(chunks), max_blocks)
     qsl = torch.zeros(len(chunks) + 1, dtype=torch.int32)
     qsl[1:] = torch.tensor(query_lens, dtype=torch.int32).cumsum(0)
     meta = AttentionMetadata(
