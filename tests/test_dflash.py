@@ -218,6 +218,34 @@ def test_sampled_drafts_keyed_by_position(model, drafter_dir):
     assert drafts([b, a]) == once and drafts([a]) == {a.request_id: once[a.request_id]}  # batch-independent
 
 
+def test_padded_drafting_step_changes_nothing(model, drafter_dir, reference):
+    """Drafting steps padded to a larger batch (as CUDA graphs replay them: padding rows, scratch
+    blocks) draft the same tokens as unpadded steps, so outputs and counters are equal too."""
+    ps, ref = reference
+
+    def run(pad: int | None):
+        eng = tiny_engine(model, spec=spec(drafter_dir, k=5), block_size=8)
+        if pad is not None:
+            eng.proposer.step.batch_sizes = [pad]  # no graph captured: the padded step runs eagerly
+        real, drafts = eng.proposer.propose, []
+
+        def spy(reqs, sources=None):
+            out = real(reqs, sources)
+            out.collect_host()
+            drafts.append(sorted(out.token_ids.items()))
+            return out
+
+        eng.proposer.propose = spy
+        outs = run_all(eng, ps, GREEDY)
+        return [o.outputs[0].token_ids for o in outs], drafts, eng.get_metrics()
+
+    (plain, d1, m1), (padded, d2, m2) = run(None), run(8)
+    assert plain == ref and padded == ref
+    assert sum(len(d) for d in d1) > 10 and d1 == d2
+    keys = ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens_per_pos")
+    assert {k: m1[k] for k in keys} == {k: m2[k] for k in keys}
+
+
 def test_save_load_roundtrip(model, drafter_dir, tmp_path):
     d = load_drafter(drafter_dir, "cpu", torch.float32)
     sha = save_drafter(d, tmp_path, torch.float32)

@@ -8,6 +8,7 @@ Outputs are poisoned with NaN before each kernel runs, so an element it fails to
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -15,7 +16,12 @@ import torch
 
 from verispec.kernels import fused
 from verispec.kernels import paged_attention as pa
-from verispec.models.layers.attention import AttentionMetadata, reference_attention, write_kv
+from verispec.models.layers.attention import (
+    AttentionMetadata,
+    build_reference_indices,
+    reference_attention,
+    write_kv,
+)
 from verispec.worker.inputs import SeqChunk, build_batch
 
 CPU = pytest.param("cpu", torch.float32, id="cpu-fp32")
@@ -73,6 +79,32 @@ def test_verify(device, dtype, k):
     shapes = [(1 + k, 1 + k), (1 + k, 45), (1 + k, 97), (1 + k, 20)]
     run_attention(shapes, 14, 2, 64, 16, device, dtype, seed=k)
     run_attention(shapes[1:3], 12, 2, 128, 16, device, dtype, seed=10 + k, splits=(2,))
+
+
+@pytest.mark.parametrize("device,dtype", DEVICES)
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(14, 2, 64), (12, 2, 128)])
+def test_bidirectional_with_kv_start(device, dtype, heads, kv_heads, head_dim):
+    """The DFlash drafter's form: causal=False (every query sees its whole sequence) and a per-sequence
+    first visible key (kv_start), block of 16 queries at odd context lengths."""
+    shapes = [(16, 16), (16, 45), (16, 97), (16, 33), (5, 71)]
+    starts = [0, 7, 0, 20, 66]
+    meta, kv = make_batch(shapes, 16, kv_heads, head_dim, dtype, device, seed=heads)
+    tables = meta.block_tables.tolist()
+    ref_idx = build_reference_indices([q for q, _ in shapes], [s for _, s in shapes], tables, 16, torch.device(device),
+                                      causal=False, kv_starts=starts)
+    meta = dataclasses.replace(meta, causal=False, kv_start=torch.tensor(starts, device=device), **ref_idx)
+    t = meta.slot_mapping.shape[0]
+    q = torch.randn(t, heads, head_dim, generator=torch.Generator().manual_seed(9)).to(device, dtype)
+    scale = head_dim**-0.5
+    ref = reference_attention(q.float(), kv.float(), meta, scale)
+    causal_ref = reference_attention(q.float(), kv.float(), dataclasses.replace(
+        meta, **build_reference_indices([q for q, _ in shapes], [s for _, s in shapes], tables, 16,
+                                        torch.device(device))), scale)
+    assert not torch.allclose(ref, causal_ref, atol=1e-2)  # the mask matters for these inputs
+    for s in (1, 3, None):
+        out = torch.full_like(q, float("nan"))
+        pa.triton_attention(q, kv, meta, scale, num_splits=s, out=out)
+        torch.testing.assert_close(out.float(), ref, **tol(dtype), msg=lambda m, s=s: f"splits={s}: {m}")
 
 
 @pytest.mark.parametrize("device,dtype", DEVICES)

@@ -12,6 +12,9 @@ CUDA-graph contract (read this before capturing a graph around these functions):
   * Sequence b's queries are tokens [query_start_loc[b], query_start_loc[b+1]); query i of a
     sequence with q_len queries sees context positions [0, seq_len - q_len + i]. A sequence whose
     query tokens have no visible key (e.g. a padding row with seq_len 0) gets zeros, never NaN.
+  * meta.causal=False (a Python bool, fixed per graph): every query sees [0, seq_len) (the DFlash
+    drafter's block attends bidirectionally). meta.kv_start [B] (optional): sequence b's keys
+    below kv_start[b] are invisible.
   * Tokens whose slot_mapping entry is negative are not written to the cache.
 
 Layout: q [T, H, D]; one layer's cache [2, num_slots, KH, D] with slot = block_id * block_size +
@@ -42,11 +45,11 @@ _NUM_SMS: dict[int, int] = {}
 
 
 @triton.jit
-def _attn_tile(q, k_ptr, v_ptr, bt_ptr, start, hi, qpos, d, m_i, l_i, acc, scale_log2, stride_kvs,
+def _attn_tile(q, k_ptr, v_ptr, bt_ptr, start, lo_key, hi, qpos, d, m_i, l_i, acc, scale_log2, stride_kvs,
                BLOCK_N: tl.constexpr, PAGE: tl.constexpr, DOT_PREC: tl.constexpr):
-    """One BLOCK_N-key step of the online softmax over keys [start, start + BLOCK_N) ∩ [0, hi)."""
+    """One BLOCK_N-key step of the online softmax over keys [start, start + BLOCK_N) ∩ [lo_key, hi)."""
     n = start + tl.arange(0, BLOCK_N)
-    n_ok = n < hi
+    n_ok = (n < hi) & (n >= lo_key)
     blk = tl.load(bt_ptr + n // PAGE, mask=n_ok, other=0)
     slot = blk.to(tl.int64) * PAGE + n % PAGE
     kt = tl.load(k_ptr + slot[None, :] * stride_kvs + d[:, None], mask=n_ok[None, :], other=0.0)
@@ -65,12 +68,12 @@ def _attn_tile(q, k_ptr, v_ptr, bt_ptr, start, hi, qpos, d, m_i, l_i, acc, scale
 @triton.jit
 def _attn_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, po_ptr, pm_ptr, pl_ptr,
-    qsl_ptr, seq_lens_ptr, bt_ptr,
+    qsl_ptr, seq_lens_ptr, bt_ptr, kv_start_ptr,
     scale_log2, num_tokens,
     stride_qt, stride_qh, stride_kvs, stride_kvh, stride_ot, stride_oh, stride_bt,
     NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    DOT_PREC: tl.constexpr, WHILE_LOOP: tl.constexpr,
+    DOT_PREC: tl.constexpr, WHILE_LOOP: tl.constexpr, CAUSAL: tl.constexpr, HAS_KV_START: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
     b = tl.program_id(0)
@@ -89,7 +92,10 @@ def _attn_kernel(
     row_ok = (qi < q_len) & (g < GROUP)
     token = (q_start + qi).to(tl.int64)
     head = kvh * GROUP + g
-    qpos = ctx0 + qi
+    if CAUSAL:
+        qpos = ctx0 + qi
+    else:  # every query sees the whole sequence
+        qpos = tl.zeros([BLOCK_M], tl.int32) + seq_len - 1
     d = tl.arange(0, HEAD_DIM)
 
     q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
@@ -97,8 +103,15 @@ def _attn_kernel(
 
     # Keys this tile may see: up to its last query's position; then this split's share of them.
     last_q = tl.minimum(q_len, (qt + 1) * BLOCK_Q)
-    kv_end = tl.where(qt * BLOCK_Q < q_len, tl.minimum(seq_len, ctx0 + last_q), 0)
+    if CAUSAL:
+        kv_end = tl.where(qt * BLOCK_Q < q_len, tl.minimum(seq_len, ctx0 + last_q), 0)
+    else:
+        kv_end = tl.where(qt * BLOCK_Q < q_len, seq_len, 0)
     kv_end = tl.maximum(kv_end, 0)
+    if HAS_KV_START:
+        lo_key = tl.load(kv_start_ptr + b).to(tl.int32)
+    else:
+        lo_key = 0
     per_split = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
     lo = split * per_split
     hi = tl.minimum(lo + per_split, kv_end)
@@ -112,12 +125,12 @@ def _attn_kernel(
     if WHILE_LOOP:  # the interpreter cannot take tensor bounds in range() (numpy 2)
         start = lo
         while start < hi:
-            m_i, l_i, acc = _attn_tile(q, k_base, v_base, bt_row, start, hi, qpos, d, m_i, l_i, acc,
+            m_i, l_i, acc = _attn_tile(q, k_base, v_base, bt_row, start, lo_key, hi, qpos, d, m_i, l_i, acc,
                                        scale_log2, stride_kvs, BLOCK_N, PAGE, DOT_PREC)
             start += BLOCK_N
     else:
         for start in range(lo, hi, BLOCK_N):
-            m_i, l_i, acc = _attn_tile(q, k_base, v_base, bt_row, start, hi, qpos, d, m_i, l_i, acc,
+            m_i, l_i, acc = _attn_tile(q, k_base, v_base, bt_row, start, lo_key, hi, qpos, d, m_i, l_i, acc,
                                        scale_log2, stride_kvs, BLOCK_N, PAGE, DOT_PREC)
 
     if NUM_SPLITS == 1:
@@ -222,13 +235,14 @@ def triton_attention(
     _attn_kernel[(num_seqs, num_kv_heads, q_tiles * num_splits)](
         q, k_cache, v_cache, out, po, pm, pl,
         meta.query_start_loc, meta.seq_lens, meta.block_tables,
+        meta.kv_start if meta.kv_start is not None else meta.seq_lens,
         scale * 1.4426950408889634, num_tokens,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1),
         meta.block_tables.stride(0),
         NUM_HEADS=num_heads, GROUP=num_heads // num_kv_heads, GROUP_PAD=group_pad, BLOCK_Q=block_q,
         BLOCK_N=block_n, HEAD_DIM=head_dim, PAGE=meta.block_size, NUM_SPLITS=num_splits,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", WHILE_LOOP=_INTERPRET,
-        num_warps=4, num_stages=3,
+        CAUSAL=meta.causal, HAS_KV_START=meta.kv_start is not None, num_warps=4, num_stages=3,
     )
     if num_splits > 1:
         _combine_kernel[(num_tokens, num_heads)](

@@ -29,11 +29,13 @@ from safetensors.torch import load_file, save_file
 from verispec.engine.request import Request
 from verispec.engine.scheduler import SchedulerOutput
 from verispec.models.qwen2 import CausalLM
-from verispec.spec.dflash_model import DFlashConfig, DFlashDrafter, block_attention_mask, check_fingerprint
+from verispec.spec.dflash_model import DFlashConfig, DFlashDrafter, check_fingerprint
+from verispec.spec.dflash_step import DFlashStepRunner, DraftRow
 from verispec.spec.proposer import Proposal, Proposer
+from verispec.worker.inputs import to_device
 from verispec.worker.runner import sample_key
 from verispec.worker.sampler import probs_from_logits, row_params
-from verispec.worker.token_state import PLACEHOLDER, DeviceTokens, combine_inputs
+from verispec.worker.token_state import PLACEHOLDER, DeviceTokens
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
 
@@ -91,7 +93,9 @@ def build_dflash_proposer(sc, target: CausalLM, device, dtype, config) -> tuple[
     check_fingerprint(cfg.target_fingerprint, target, sc.model)
     if max(cfg.target_layers) >= tc.num_layers or not 0 <= cfg.mask_token_id < tc.vocab_size:
         raise ValueError(f"DFlash drafter {sc.model!r}: target layers or mask token out of range for this target")
-    prop = DFlashProposer(drafter, target, sc.num_speculative_tokens, device, dtype, config.seed)
+    graphs = 0 if config.extra.get("enforce_eager", False) else min(config.max_num_seqs, 64)
+    prop = DFlashProposer(drafter, target, sc.num_speculative_tokens, device, dtype, config.seed,
+                          max_rows=config.max_num_seqs, graph_max_batch=graphs)
     elem = torch.tensor([], dtype=dtype).element_size()
     per_block = 2 * cfg.num_layers * config.block_size * cfg.num_kv_heads * cfg.head_dim * elem
     return prop, per_block
@@ -105,7 +109,9 @@ class DFlashProposer(Proposer):
     needs_host_tokens = False
 
     def __init__(self, drafter: DFlashDrafter, target: CausalLM, num_speculative_tokens: int, device, dtype,
-                 seed: int = 0) -> None:
+                 seed: int = 0, max_rows: int = 256, graph_max_batch: int = 0) -> None:
+        """max_rows: most requests drafting in one step (the engine's max_num_seqs);
+        graph_max_batch > 0: capture CUDA graphs of the drafting step up to that batch (CUDA only)."""
         cfg = drafter.config
         super().__init__(min(num_speculative_tokens, cfg.block_size - 1))
         self.drafter, self.target, self.cfg = drafter, target, cfg
@@ -115,12 +121,18 @@ class DFlashProposer(Proposer):
         self.state: dict[str, _ReqState] = {}
         self.block_hash: dict[int, int] = {}  # block id -> chain hash of the tokens its K/V were written for
         self.generators: dict[str, torch.Generator] = {}
+        self.max_rows, self.graph_max_batch = max_rows, graph_max_batch
+        self.step: DFlashStepRunner | None = None
+        # From observe() to the next propose(): per request (captured rows, positions, slots) of
+        # committed positions whose context K/V are not written yet, and the step's captured features.
+        self._pending: dict[str, tuple[list[int], list[int], list[int]]] = {}
+        self._captured: list[torch.Tensor] = []
 
     def bind(self, num_blocks: int, block_size: int, max_model_len: int) -> None:
         super().bind(num_blocks, block_size, max_model_len)
-        c = self.cfg
-        self.kv = [torch.zeros(2, num_blocks * block_size, c.num_kv_heads, c.head_dim, dtype=self.dtype,
-                               device=self.device) for _ in range(c.num_layers)]
+        self.step = DFlashStepRunner(self.drafter, self.target, self.k, num_blocks, block_size, max_model_len,
+                                     self.max_rows, self.graph_max_batch, self.device, self.dtype)
+        self.kv = self.step.kv  # per layer [2, slots, KH, D]: the engine's blocks, then scratch
 
     def free_request(self, request_id: str) -> None:
         self.state.pop(request_id, None)
@@ -152,12 +164,13 @@ class DFlashProposer(Proposer):
 
     @torch.inference_mode()
     def observe(self, sched: SchedulerOutput, result) -> None:
-        """Consume the captured target features of newly committed positions."""
+        """Note the captured target features of newly committed positions. Their context K/V are
+        written by the next propose(): inside the drafting step for requests that draft now and
+        committed at most 1 + k positions (the usual verify step), eagerly for the rest."""
+        self._pending = {}
+        self._captured = result.captured
         if not result.captured:
             return
-        rows: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
         bs = self.block_size
         for s in sched.scheduled:
             req = s.request
@@ -175,9 +188,9 @@ class DFlashProposer(Proposer):
             bids = req.block_ids
             for i in range(lo // bs, (hi - 1) // bs + 1):
                 self.block_hash.pop(bids[i], None)  # its K/V change now
-            rows.extend(range(off + lo, off + hi))
-            positions.extend(range(lo, hi))
-            slots.extend(bids[p // bs] * bs + p % bs for p in range(lo, hi))
+            positions = list(range(lo, hi))
+            self._pending[req.request_id] = (list(range(off + lo, off + hi)), positions,
+                                             [bids[p // bs] * bs + p % bs for p in positions])
             st.consumed = hi
             while (st.next_block + 1) * bs <= hi:  # blocks now complete: remember what they hold
                 i = st.next_block
@@ -186,16 +199,21 @@ class DFlashProposer(Proposer):
                 if not st.poisoned and (i * bs >= st.written_from or st.ctx_start == 0):
                     self.block_hash[req.block_ids[i]] = st.chain
                 st.next_block += 1
+
+    def _flush_context(self, keep: set[str]) -> None:
+        """Write the pending context K/V of every request not in `keep` now (one batched forward)."""
+        rows, positions, slots = [], [], []
+        for rid, (r, p, sl) in self._pending.items():
+            if rid not in keep:
+                rows += r
+                positions += p
+                slots += sl
         if not rows:
             return
         dev = self.device
-        r = torch.tensor(rows, dtype=torch.long, device=dev)
-        feats = torch.cat([c[r] for c in result.captured], dim=-1).to(self.dtype)
-        kv = self.drafter.context_kv(feats, torch.tensor(positions, dtype=torch.long, device=dev))
-        sl = torch.tensor(slots, dtype=torch.long, device=dev)
-        for cache, (k, v) in zip(self.kv, kv, strict=True):
-            cache[0].index_copy_(0, sl, k.to(cache.dtype))
-            cache[1].index_copy_(0, sl, v.to(cache.dtype))
+        feats = torch.cat([c[to_device(rows, torch.long, dev)] for c in self._captured], dim=-1).to(self.dtype)
+        self.drafter.write_context(feats, to_device(positions, torch.long, dev), to_device(slots, torch.long, dev),
+                                   self.kv)
 
     # ---- drafting --------------------------------------------------------------------------
     @torch.inference_mode()
@@ -207,9 +225,12 @@ class DFlashProposer(Proposer):
             if k > 0 and st is not None and st.consumed == r.num_tokens - 1:
                 todo.append((r, k, st))
         if not todo:
+            self._flush_context(set())
+            self._pending = {}
             return out
-        logits = self._draft_logits(todo, sources or {})  # [R, kmax, V] float32
-        drafts = logits.argmax(-1)  # [R, kmax] on the device
+        logits = self._draft_logits(todo, sources or {})
+        self._pending = {}
+        drafts = logits.argmax(-1)  # [R, k] on the device
         sampled = [(i, r, k) for i, (r, k, _) in enumerate(todo) if not r.params.greedy]
         if sampled:
             self._sample(logits, sampled, drafts, out)
@@ -219,27 +240,23 @@ class DFlashProposer(Proposer):
         return out
 
     def _draft_logits(self, todo: list[tuple[Request, int, _ReqState]], sources: dict) -> torch.Tensor:
-        cfg, bs, dev = self.cfg, self.block_size, self.device
-        big_b = cfg.block_size
-        ctx_len = max(st.consumed for _, _, st in todo)
-        nb = -(-ctx_len // bs)
-        table = torch.tensor([r.block_ids[:nb] + [0] * (nb - len(r.block_ids[:nb])) for r, _, _ in todo],
-                             dtype=torch.long).to(dev, non_blocking=True)
-        lim = torch.tensor([[st.ctx_start, st.consumed] for _, _, st in todo], dtype=torch.long).to(dev, non_blocking=True)
-        pos = torch.arange(ctx_len, device=dev)
-        gather = table.gather(1, (pos // bs).expand(len(todo), -1)) * bs + pos % bs  # [R, C] slots
-        valid = (pos >= lim[:, :1]) & (pos < lim[:, 1:])  # padding and masked prefixes excluded
-        anchors = lim[:, 1:]
-        last = [r.all_token_ids[-1] for r, _, _ in todo]
-        owners = [(r.request_id, "out", r.num_tokens - 1 - r.num_prompt_tokens) for r, _, _ in todo]
-        block = torch.full((len(todo), big_b), cfg.mask_token_id, dtype=torch.long, device=dev)
-        block[:, 0] = combine_inputs(last, owners, sources, dev)
-        positions = (anchors + torch.arange(big_b, device=dev)[None, :]).clamp_(max=cfg.max_position_embeddings - 1)
-        ctx_kv = [(c[0][gather], c[1][gather]) for c in self.kv]
-        mask = block_attention_mask(anchors, valid, big_b)
-        hidden = self.drafter(self.target.embed(block).to(self.dtype), positions, ctx_kv, mask)
-        kmax = max(k for _, k, _ in todo)
-        return self.target.compute_logits(hidden[:, 1 : 1 + kmax])
+        """Write pending context K/V, then one drafting step: logits [R, k, V] float32 (a view of
+        a graph's output: read before the next step)."""
+        w = self.step.w
+        inline = {r.request_id for r, _, _ in todo if len(self._pending.get(r.request_id, ((),))[0]) <= w}
+        self._flush_context(inline)
+        bs = self.block_size
+        rows = []
+        for r, _, st in todo:
+            ctx_rows, ctx_pos, ctx_slots = self._pending.get(r.request_id, ([], [], []))
+            if r.request_id not in inline:
+                ctx_rows, ctx_pos, ctx_slots = [], [], []
+            anchor = r.num_tokens - 1
+            self.block_hash.pop(r.block_ids[anchor // bs], None)  # the block's K/V land there
+            owner = (r.request_id, "out", r.num_tokens - 1 - r.num_prompt_tokens)
+            rows.append(DraftRow(ctx_rows, ctx_pos, ctx_slots, r.all_token_ids[-1], owner, anchor, st.ctx_start,
+                                 r.block_ids))
+        return self.step.run(rows, self._captured, sources)
 
     def _sample(self, logits: torch.Tensor, sampled: list[tuple[int, Request, int]], drafts: torch.Tensor,
                 out: Proposal) -> None:

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from verispec.models.layers.attention import write_kv
 from verispec.models.layers.norm import RMSNorm
 from verispec.models.layers.rotary import RotaryEmbedding, _rotate
 from verispec.models.qwen2 import CausalLM
@@ -179,6 +180,23 @@ class DFlashLayer(nn.Module):
         v = self.v_proj(x).view(t, self.kh, self.d)
         return rope(rotary, positions, k), v
 
+    def forward_paged(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, meta,
+                      kv_cache: torch.Tensor, attn_fn) -> torch.Tensor:
+        """The engine's form: x [T, H] (blocks laid end to end), positions [T]. The block's K/V
+        are written to kv_cache at meta.slot_mapping, next to the context K/V already there, and
+        the queries attend through the paged backend (meta.causal False: bidirectional)."""
+        t, hsz = x.shape
+        h = self.input_layernorm(x)
+        q = self.q_norm(self.q_proj(h).view(t, self.nh, self.d))
+        k = self.k_norm(self.k_proj(h).view(t, self.kh, self.d))
+        v = self.v_proj(h).view(t, self.kh, self.d)
+        q, k = rotary(positions, q, k)
+        write_kv(kv_cache, k.to(kv_cache.dtype), v.to(kv_cache.dtype), meta.slot_mapping)
+        out = attn_fn(q.to(kv_cache.dtype), kv_cache, meta, self.d**-0.5)
+        x = x + self.o_proj(out.reshape(t, self.nh * self.d).to(x.dtype))
+        h = self.post_attention_layernorm(x)
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
     def forward(self, x, positions, rotary, ctx_k, ctx_v, mask):
         """x [S, Q, H], positions [S, Q], ctx_k/ctx_v [S, C, KH, D], mask [S, Q, C+Q] -> [S, Q, H]."""
         s, q_len, hsz = x.shape
@@ -225,6 +243,21 @@ class DFlashDrafter(nn.Module):
         """Per drafter layer, the rotated context (K, V) [T, KH, D] of target features [T, n*H]."""
         ctx = self.hidden_norm(self.fc(feats))
         return [layer.kv(ctx, positions, self.rotary) for layer in self.layers]
+
+    def write_context(self, feats: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                      kv_caches: list[torch.Tensor]) -> None:
+        """Context K/V of target features [T, n*H] at positions [T] into each layer's paged cache."""
+        for cache, (k, v) in zip(kv_caches, self.context_kv(feats, positions), strict=True):
+            write_kv(cache, k.to(cache.dtype), v.to(cache.dtype), slots)
+
+    def forward_paged(self, block_emb: torch.Tensor, positions: torch.Tensor, meta, kv_caches: list[torch.Tensor],
+                      attn_fn) -> torch.Tensor:
+        """block_emb [T, H] (blocks end to end), positions [T] -> final hidden states [T, H];
+        the context K/V must already be in kv_caches (see DFlashLayer.forward_paged)."""
+        x = block_emb
+        for layer, cache in zip(self.layers, kv_caches, strict=True):
+            x = layer.forward_paged(x, positions, self.rotary, meta, cache, attn_fn)
+        return self.norm(x)
 
     def forward(self, block_emb, positions, ctx_kv, mask) -> torch.Tensor:
         """block_emb [S, Q, H], positions [S, Q], ctx_kv per layer ([S, C, KH, D], same), mask

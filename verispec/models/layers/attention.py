@@ -27,6 +27,8 @@ class AttentionMetadata:
     max_query_len: int
     max_seq_len: int
     block_size: int | None = None  # tokens per KV block (engine constant; Triton backend needs it)
+    causal: bool = True  # False: every query sees all of its sequence's keys (DFlash drafter blocks)
+    kv_start: torch.Tensor | None = None  # [B]: keys below kv_start[b] are invisible (None: from 0)
     # Reference backend only: padded gather indices and the mask (see build_reference_indices).
     kv_gather_idx: torch.Tensor | None = None  # [B, L] long slots (padding -> 0)
     q_pad_idx: torch.Tensor | None = None  # [B, Q] long token index (padding -> T, a zero row)
@@ -35,9 +37,11 @@ class AttentionMetadata:
 
 
 def build_reference_indices(
-    query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]], block_size: int, device
+    query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]], block_size: int, device,
+    causal: bool = True, kv_starts: list[int] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Host-side construction of the padded gather indices used by the reference backend."""
+    """Host-side construction of the padded gather indices used by the reference backend
+    (causal and kv_starts as AttentionMetadata.causal / kv_start)."""
     num_seqs = len(query_lens)
     max_q = max(query_lens)
     max_l = max(seq_lens)
@@ -53,8 +57,9 @@ def build_reference_indices(
         kv_idx[b, :sl] = blocks * block_size + pos % block_size
         q_pad[b, :ql] = torch.arange(offset, offset + ql)
         q_unpad[offset : offset + ql] = b * max_q + torch.arange(ql)
-        qpos = torch.arange(sl - ql, sl)
-        mask[b, 0, :ql, :sl] = pos[None, :] <= qpos[:, None]
+        qpos = torch.arange(sl - ql, sl) if causal else torch.full((ql,), sl - 1)
+        lo = kv_starts[b] if kv_starts is not None else 0
+        mask[b, 0, :ql, :sl] = (pos[None, :] <= qpos[:, None]) & (pos[None, :] >= lo)
         mask[b, 0, ql:, 0] = True  # padded query rows attend to one key so softmax stays finite
         offset += ql
     out = dict(kv_gather_idx=kv_idx, q_pad_idx=q_pad, q_unpad_idx=q_unpad, attn_mask=mask)
