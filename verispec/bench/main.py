@@ -91,10 +91,14 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--sweep-output-len", type=int, default=256)
     p = kinds.add_parser("spec", help="speculative methods vs none: tok/s, acceptance, losslessness")
     _common(p, DEFAULT_MODEL)
-    p.add_argument("--methods", default=None, help="comma list of none,ngram,self,draft_model "
-                   "(default: none,ngram,self and draft_model when --draft-model is given)")
+    p.add_argument("--methods", default=None, help="comma list of none,ngram,self,draft_model,dflash "
+                   "(default: none,ngram,self, plus draft_model / dflash when their model is given)")
     p.add_argument("--draft-model", default=None)
+    p.add_argument("--dflash-model", default=None,
+                   help="DFlash drafter directory (train-drafter's output), or 'random' for an untrained one "
+                        "(speed only: it accepts almost nothing)")
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=4)
+    p.add_argument("--dflash-k", type=int, default=None, help="k for dflash (default: its block size - 1)")
     p.add_argument("--batch-sizes", type=_ints, default=[1, 16])
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--num-prompts", type=int, default=16)
@@ -154,10 +158,12 @@ def run(args) -> dict:
         from verispec.bench.spec import COLUMNS, PEER_COLUMNS, run_spec
 
         methods = (args.methods.split(",") if args.methods
-                   else ["none", "ngram", "self"] + (["draft_model"] if args.draft_model else []))
+                   else ["none", "ngram", "self"] + (["draft_model"] if args.draft_model else [])
+                   + (["dflash"] if args.dflash_model else []))
         out = run_spec(bm, [m.strip() for m in methods], args.batch_sizes, args.output_len,
                        args.num_speculative_tokens, args.draft_model, args.prompts, args.num_prompts, args.peer,
-                       compile_peer, draft_overrides=args.model_overrides)
+                       compile_peer, draft_overrides=args.model_overrides, dflash_model=args.dflash_model,
+                       dflash_k=args.dflash_k)
     settings = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
     res = {
         "kind": args.bench_kind, "model": bm.config.name or args.model, "device": str(bm.device),

@@ -1,6 +1,6 @@
 """`verispec bench spec`: speculative decoding methods against no speculation, on HumanEval prompts.
 
-For each batch size and method (none, ngram, self, draft_model), greedy generation of `output_len` tokens per
+For each batch size and method (none, ngram, self, draft_model, dflash), greedy generation of `output_len` tokens per
 prompt (no EOS stop), all prompts submitted at once with max_num_seqs = batch size. Greedy speculation is
 lossless, so every method's tokens must equal no speculation's at the same batch size; mismatches are counted,
 not fatal (bf16 on a GPU may flip a near-tie between batch shapes).
@@ -15,10 +15,15 @@ Peer rows (batch 1): peer, tok_s, output_tokens, ratio (verispec's matching meth
 
 from __future__ import annotations
 
+import json
+import tempfile
+from pathlib import Path
+
 from verispec.bench.common import BenchModel, drive, free_memory, greedy, load_draft, make_engine
 from verispec.bench.hardware import hardware_use, useful_flops
 from verispec.bench.prompts import dataset_prompts, random_prompts
 from verispec.bench.report import Column
+from verispec.spec.dflash_model import DFlashConfig
 
 COLUMNS: list[Column] = [
     ("method", "method", "s"), ("batch_size", "batch", "d"), ("tok_s", "tok/s", ".1f"),
@@ -30,16 +35,20 @@ PEER_COLUMNS: list[Column] = [
     ("peer", "peer", "s"), ("tok_s", "tok/s", ".1f"), ("ratio", "verispec/peer", ".2f"),
     ("mismatches", "mismatch", "d"),
 ]
-METHODS = ("none", "ngram", "self", "draft_model")
+METHODS = ("none", "ngram", "self", "draft_model", "dflash")
 # Which verispec method each HF peer is compared with.
 PEER_MATCH = {"hf eager": "none", "hf static+compile": "none", "hf assisted": "draft_model",
               "hf prompt lookup": "ngram"}
 
 
-def spec_config(method: str, k: int, draft_model: str | None) -> dict | None:
+def spec_config(method: str, k: int, draft_model: str | None, dflash_model: str | None = None) -> dict | None:
     """The speculative_config dict of a bench method name."""
     if method == "none":
         return None
+    if method == "dflash":
+        if not dflash_model:
+            raise ValueError("method dflash needs --dflash-model")
+        return {"method": "dflash", "model": dflash_model, "num_speculative_tokens": k}
     if method == "draft_model":
         if not draft_model:
             raise ValueError("method draft_model needs --draft-model")
@@ -47,6 +56,21 @@ def spec_config(method: str, k: int, draft_model: str | None) -> dict | None:
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}: one of {', '.join(METHODS)}")
     return {"method": method, "num_speculative_tokens": k}
+
+
+def random_drafter(bm: BenchModel, out_dir: str) -> str:
+    """An untrained DFlash drafter (block 16, 2 layers) for the bench's target, saved to out_dir."""
+    from verispec.spec.dflash import save_drafter
+    from verispec.spec.dflash_data import pick_mask_token
+    from verispec.spec.dflash_model import DFlashDrafter, new_config
+
+    vocab = bm.config.vocab_size
+    mask = pick_mask_token(bm.tokenizer, vocab) if bm.has_tokenizer else vocab - 1
+    cfg = new_config(bm.model, bm.setup.model, mask)
+    drafter = DFlashDrafter(cfg)
+    drafter.init_weights(seed=bm.setup.seed)
+    save_drafter(drafter, out_dir, bm.dtype)
+    return out_dir
 
 
 def _diff(a: list[list[int]], b: list[list[int]]) -> tuple[int, int | None]:
@@ -76,8 +100,10 @@ def _row(bm: BenchModel, method: str, b: int, k: int, run) -> dict:
 
 def run_spec(bm: BenchModel, methods: list[str], batch_sizes: list[int], output_len: int = 256, k: int = 4,
              draft_model: str | None = None, prompts_file: str | None = None, num_prompts: int = 16,
-             peer: str | None = None, compile_peer: bool = True, draft_overrides: dict | None = None) -> dict:
-    """Run every (batch size, method); returns {"rows", "peers", "prompts"}."""
+             peer: str | None = None, compile_peer: bool = True, draft_overrides: dict | None = None,
+             dflash_model: str | None = None, dflash_k: int | None = None) -> dict:
+    """Run every (batch size, method); returns {"rows", "peers", "prompts"}. dflash_model "random"
+    makes an untrained drafter for the target (speed only)."""
     if bm.has_tokenizer or prompts_file:
         ps = dataset_prompts(prompts_file, num_prompts, output_len)
         source = prompts_file or "humaneval"
@@ -87,16 +113,24 @@ def run_spec(bm: BenchModel, methods: list[str], batch_sizes: list[int], output_
     ids = [bm.encode(p) for p in ps]
     methods = ["none"] + [m for m in methods if m != "none"]
     draft = load_draft(bm, draft_model, draft_overrides) if draft_model and "draft_model" in methods else None
+    tmp = None
+    if "dflash" in methods and dflash_model == "random":
+        tmp = tempfile.TemporaryDirectory(prefix="verispec-dflash-")
+        dflash_model = random_drafter(bm, tmp.name)
+    if "dflash" in methods and dflash_k is None:
+        dflash_k = DFlashConfig.from_dict(json.loads((Path(dflash_model) / "config.json").read_text())).block_size - 1
     rows: list[dict] = []
     outputs: dict[tuple[str, int], list[list[int]]] = {}
     for b in batch_sizes:
         for method in methods:
-            engine = make_engine(bm, spec_config(method, k, draft_model), b, ids, [output_len] * len(ids), draft)
+            mk = dflash_k if method == "dflash" else k
+            engine = make_engine(bm, spec_config(method, mk, draft_model, dflash_model), b, ids,
+                                 [output_len] * len(ids), draft)
             drive(engine, ids[:b], [greedy(8)] * min(b, len(ids)), bm.device)  # warm-up
             run = drive(engine, ids, [greedy(output_len)] * len(ids), bm.device)
             del engine
             free_memory()
-            row = _row(bm, method, b, k, run)
+            row = _row(bm, method, b, mk, run)
             outputs[(method, b)] = run.outputs
             base = outputs[("none", b)]
             row["mismatches"], row["first_mismatch"] = _diff(run.outputs, base)
@@ -106,6 +140,8 @@ def run_spec(bm: BenchModel, methods: list[str], batch_sizes: list[int], output_
                 row["mismatches_vs_first_batch_size"] = _diff(run.outputs, outputs[("none", batch_sizes[0])])[0]
             rows.append(row)
             print(f"  {method:12} batch {b:3}: {row['tok_s']:9.1f} tok/s, {row['mismatches']} mismatches", flush=True)
+    if tmp is not None:
+        tmp.cleanup()
     peers = []
     if peer == "hf":
         peers = _hf_rows(bm, ids, output_len, k, draft, compile_peer, rows, outputs.get(("none", 1)))
