@@ -93,3 +93,25 @@ def test_real_sync_async_parity(real, prompts, method):
     if SPECS[method]:
         assert s_c["spec_decode_num_drafts"] > 0
     assert eng.blocks.num_free_blocks == eng.blocks.num_blocks
+
+
+@pytest.mark.slow
+def test_real_dflash_lossless(real, prompts, baseline, tmp_path):
+    """DFlash on the real 0.5B (an untrained drafter in float32, the engine's paged drafting step):
+    greedy output identical to no speculation under preemption and chunked prefill."""
+    import torch
+
+    from verispec.spec.dflash import save_drafter
+    from verispec.spec.dflash_data import pick_mask_token
+    from verispec.spec.dflash_model import DFlashDrafter, new_config
+
+    model, tok = real
+    cfg = new_config(model, "qwen2.5-coder-0.5b-instruct", pick_mask_token(tok, model.config.vocab_size))
+    drafter = DFlashDrafter(cfg)
+    drafter.init_weights(seed=1)
+    save_drafter(drafter, tmp_path, torch.float32)
+    spec = {"method": "dflash", "model": str(tmp_path), "num_speculative_tokens": 15}
+    eng = build(real, spec, False, num_gpu_blocks=12, block_size=16, max_num_batched_tokens=48)
+    assert generate(eng, prompts, GREEDY) == baseline
+    m = eng.get_metrics()
+    assert m["spec_decode_num_drafts"] > 0 and m["num_preemptions"] > 0

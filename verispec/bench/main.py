@@ -99,6 +99,8 @@ def add_bench_parser(sub) -> None:
                         "(speed only: it accepts almost nothing)")
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=4)
     p.add_argument("--dflash-k", type=int, default=None, help="k for dflash (default: its block size - 1)")
+    p.add_argument("--chat", action="store_true",
+                   help="render text prompts with the chat template, as train-drafter renders its prompts")
     p.add_argument("--batch-sizes", type=_ints, default=[1, 16])
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--num-prompts", type=int, default=16)
@@ -163,7 +165,7 @@ def run(args) -> dict:
         out = run_spec(bm, [m.strip() for m in methods], args.batch_sizes, args.output_len,
                        args.num_speculative_tokens, args.draft_model, args.prompts, args.num_prompts, args.peer,
                        compile_peer, draft_overrides=args.model_overrides, dflash_model=args.dflash_model,
-                       dflash_k=args.dflash_k)
+                       dflash_k=args.dflash_k, chat=args.chat)
     settings = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
     res = {
         "kind": args.bench_kind, "model": bm.config.name or args.model, "device": str(bm.device),

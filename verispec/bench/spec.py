@@ -21,7 +21,7 @@ from pathlib import Path
 
 from verispec.bench.common import BenchModel, drive, free_memory, greedy, load_draft, make_engine
 from verispec.bench.hardware import hardware_use, useful_flops
-from verispec.bench.prompts import dataset_prompts, random_prompts
+from verispec.bench.prompts import Prompt, dataset_prompts, random_prompts
 from verispec.bench.report import Column
 from verispec.spec.dflash_model import DFlashConfig
 
@@ -101,12 +101,21 @@ def _row(bm: BenchModel, method: str, b: int, k: int, run) -> dict:
 def run_spec(bm: BenchModel, methods: list[str], batch_sizes: list[int], output_len: int = 256, k: int = 4,
              draft_model: str | None = None, prompts_file: str | None = None, num_prompts: int = 16,
              peer: str | None = None, compile_peer: bool = True, draft_overrides: dict | None = None,
-             dflash_model: str | None = None, dflash_k: int | None = None) -> dict:
+             dflash_model: str | None = None, dflash_k: int | None = None, chat: bool = False) -> dict:
     """Run every (batch size, method); returns {"rows", "peers", "prompts"}. dflash_model "random"
-    makes an untrained drafter for the target (speed only)."""
+    makes an untrained drafter for the target (speed only). chat: render text prompts as chat requests
+    ("Complete this function: ..."), as train-drafter renders its training prompts."""
     if bm.has_tokenizer or prompts_file:
         ps = dataset_prompts(prompts_file, num_prompts, output_len)
         source = prompts_file or "humaneval"
+        if chat:
+            from verispec.spec.dflash_data import render_prompts
+
+            if not all(p.text for p in ps):
+                raise ValueError("--chat needs text prompts")
+            ps = [Prompt(t, None, p.max_tokens) for t, p in zip(render_prompts(bm.tokenizer, [p.text for p in ps]), ps,
+                                                                strict=True)]
+            source += " (chat template)"
     else:  # random weights without the tokenizer: HumanEval text cannot be encoded
         ps = random_prompts(num_prompts, 128, output_len, bm.config.vocab_size, bm.setup.seed)
         source = "random token ids (no tokenizer here)"
