@@ -7,6 +7,7 @@ import ast
 import json
 import random
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -444,15 +445,15 @@ def test_prompt_styles_cycle():
         dp.render_styled(Tok(), [stub], ["poem"])
 
 
-def test_responses_per_prompt(model):
+def test_responses_per_prompt(model, monkeypatch):
     ps = prompts(3, seed=8)
     jobs = dflash_data.make_jobs(ps, 2, 0.0, 1.0, seed=4)
     assert [(j.group, j.temperature) for j in jobs] == [(0, 0.0), (1, 0.0), (2, 0.0), (0, 1.0), (1, 1.0), (2, 1.0)]
     assert [j.seed is None for j in jobs] == [True] * 3 + [False] * 3 and len({j.seed for j in jobs[3:]}) == 3
 
-    def run(refill: float, max_total=None):
-        return dflash_data.generate(tiny_engine(model, max_num_seqs=4), jobs, 12, time.monotonic() + 600, refill,
-                                    max_total)
+    def run(refill: float, max_total=None, overlap=False):
+        eng = tiny_engine(model, max_num_seqs=4, async_scheduling=overlap)
+        return dflash_data.generate(eng, jobs, 12, time.monotonic() + 600, refill, max_total)
 
     a = run(0.75)
     assert [(q.group, q.temperature) for q in a] == [(j.group, j.temperature) for j in jobs]
@@ -460,8 +461,16 @@ def test_responses_per_prompt(model):
     greedy = [o.outputs[0].token_ids for o in run_all(tiny_engine(model), ps, SamplingParams(temperature=0.0,
                                                                                             max_tokens=12))]
     assert [q.response for q in a[:3]] == greedy
-    assert a == run(1.0)  # seeded: independent of how the engine is filled
+    assert a == run(1.0, overlap=True)  # seeded: independent of how the engine is filled and stepped
     assert [q.response for q in a[3:]] != greedy
+    eng = tiny_engine(model, max_num_seqs=4)
+    late = dflash_data.generate(eng, jobs, 12, time.monotonic() - 1, 0.75)  # past the deadline: cut at once
+    assert all(2 <= len(q.response) < 12 for q in late) and not eng.has_unfinished_requests()
+    clock = iter(range(10**6))  # a deadline 5 loop turns in, with steps in flight (overlapped loop)
+    monkeypatch.setattr(dflash_data, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+    cut = dflash_data.generate(tiny_engine(model, max_num_seqs=4, async_scheduling=True), jobs, 12, 5, 0.75)
+    monkeypatch.undo()
+    assert cut and all(2 <= len(q.response) < 12 and min(q.response) >= 0 for q in cut)  # no placeholders
     capped = run(0.75, max_total=2 * (len(ps[0]) + 12))
     assert 1 <= len(capped) <= 2 and sum(len(q.prompt) + len(q.response) for q in capped) <= 2 * (len(ps[0]) + 12) + 20
 

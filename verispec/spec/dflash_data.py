@@ -25,6 +25,7 @@ from verispec.models.qwen2 import CausalLM
 from verispec.sampling_params import SamplingParams
 from verispec.spec.dflash_prompts import CHAT_INSTRUCTIONS, humaneval_names, mine_functions
 from verispec.worker.inputs import SeqChunk, allocate_kv_cache, build_batch
+from verispec.worker.token_state import PLACEHOLDER
 
 INSTRUCTIONS = CHAT_INSTRUCTIONS
 
@@ -134,7 +135,7 @@ def generate(engine, jobs: list[GenJob], max_new_tokens: int, deadline: float, r
             break
         for out in engine.step():
             i = int(out.request_id[3:])
-            latest[i] = out.outputs[0].token_ids
+            latest[i] = resolved(out.outputs[0].token_ids)
             if out.finished and i in running:
                 used += len(jobs[i].prompt) + len(latest[i])
                 del running[i]
@@ -145,6 +146,11 @@ def generate(engine, jobs: list[GenJob], max_new_tokens: int, deadline: float, r
     bar.close()
     return [Seq(jobs[i].prompt, latest[i], jobs[i].group, jobs[i].temperature)
             for i in sorted(latest) if len(latest[i]) >= 2]
+
+
+def resolved(ids: list[int]) -> list[int]:
+    """The tokens before the first placeholder (the overlapped loop's not yet collected tokens)."""
+    return ids[: ids.index(PLACEHOLDER)] if PLACEHOLDER in ids else ids
 
 
 def _add_job(engine, i: int, job: GenJob, max_new_tokens: int) -> None:

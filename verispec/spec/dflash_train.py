@@ -152,8 +152,8 @@ def dflash_loss(drafter: DFlashDrafter, target: CausalLM, batch: dict, with_stat
     b = drafter.config.block_size
     hidden = block_hidden(drafter, target, batch)
     s, h = hidden.shape[0], hidden.shape[-1]
-    rows = hidden.view(s, -1, b, h)[:, :, 1:].reshape(-1, h)  # position 0 holds the anchor's own token
-    labels = batch["labels"].view(s, -1, b)[:, :, 1:].reshape(-1)  # -100 past the sequence end
+    rows = hidden.reshape(s, -1, b, h)[:, :, 1:].reshape(-1, h)  # position 0 holds the anchor's own token
+    labels = batch["labels"].reshape(s, -1, b)[:, :, 1:].reshape(-1)  # -100 past the sequence end
     logits = target.compute_logits(rows)
     ce = F.cross_entropy(logits, labels, ignore_index=-100, reduction="none")
     j = torch.arange(1, b, device=labels.device).repeat(labels.numel() // (b - 1))
