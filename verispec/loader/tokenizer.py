@@ -180,6 +180,10 @@ class Tokenizer:
             raise TypeError(f"encode expects a str, got {type(text).__name__}")
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[list[int]]:
+        """encode() of many texts at once (in parallel threads)."""
+        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=add_special_tokens)]
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of ``ids`` (invalid UTF-8 becomes U+FFFD)."""
         ids = list(ids)

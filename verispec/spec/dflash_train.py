@@ -1,13 +1,17 @@
 """`verispec train-drafter`: train a DFlash drafter for a target model, from nothing but the target.
 
-1. Data (spec/dflash_data.py): stdlib function stubs as chat prompts; the target answers them
-   through verispec (greedy by default); one teacher-forced target forward per sequence captures
-   the drafter's target layers.
+1. Data (spec/dflash_prompts.py, spec/dflash_data.py): function stubs mined from the stdlib and
+   --prompt-sources packages, rendered in --prompt-styles; the target answers each through verispec
+   (response 0 greedy by default, --responses-per-prompt - 1 extra sampled ones); generation stops
+   at its deadline or once the features would exceed --max-feature-gb; one teacher-forced target
+   forward per sequence captures the drafter's target layers. Held-out data is split by prompt.
 2. Training: random anchors inside each response; block = [token at anchor, MASK x (B-1)] at
    positions anchor .. anchor+B-1, context = features of positions < anchor; several blocks per
    sequence, kept apart by the mask; cross-entropy weighted exp(-(j-1)/gamma) at block position j;
    AdamW, bf16 autocast on CUDA, checkpoints every --ckpt-every steps and at the end.
-The time budget (--minutes) covers everything; generation gets at most --gen-fraction of it. Runs can
+The time budget (--minutes) covers everything after the target is loaded (mining included);
+generation gets at most --gen-fraction of it; the learning rate follows a cosine over the time left
+for training. Runs can
 be split: --generate-only writes OUT/sequences.jsonl; --sequences FILE skips generation; --resume
 continues from OUT/train_state.pt (float32 weights + optimizer state).
 """
@@ -29,15 +33,16 @@ from verispec.models.qwen2 import CausalLM
 from verispec.spec.dflash import save_drafter
 from verispec.spec.dflash_data import (
     Sample,
+    Seq,
     extract_features,
     generate,
     load_sequences,
-    mine_stdlib_functions,
+    make_jobs,
     pick_mask_token,
-    render_prompts,
     save_sequences,
 )
 from verispec.spec.dflash_model import DFlashConfig, DFlashDrafter, block_attention_mask, new_config
+from verispec.spec.dflash_prompts import STYLES, mine_functions, render_styled, source_roots
 from verispec.spec.metrics import SpecCounters
 
 # Tests set this to a callable (TrainOptions) -> LLMEngine to train against a tiny model.
@@ -70,6 +75,14 @@ class TrainOptions:
     save_dtype: str = "bfloat16"
     feature_batch_tokens: int = 16384
     max_feature_gb: float = 60.0
+    prompt_sources: str = "stdlib"
+    prompt_styles: str = "chat"
+    max_stub_chars: int = 1500
+    responses_per_prompt: int = 1
+    extra_temperature: float = 0.7
+    refill_below: float = 0.75
+    max_val_prompts: int = 256
+    log_every: int = 20
     sequences: str | None = None
     generate_only: bool = False
     resume: bool = False
@@ -102,7 +115,7 @@ def pack_blocks(samples: list[Sample], anchors: torch.Tensor, cfg: DFlashConfig)
     for i, x in enumerate(samples):
         n = x.tokens.numel()
         feats[i, :n], toks[i, :n] = x.feats, x.tokens
-    anchors, lens = anchors.to(dev), lens.to(dev)
+    anchors, lens = _to_device(anchors, dev), _to_device(lens, dev)
     idx = anchors[:, :, None] + torch.arange(b, device=dev)  # [S, A, B] absolute positions
     labels = toks.gather(1, idx.view(s, -1)).view(s, a, b)
     labels = labels.masked_fill((idx >= lens[:, None, None]) | (idx == anchors[:, :, None]), -100)
@@ -111,6 +124,11 @@ def pack_blocks(samples: list[Sample], anchors: torch.Tensor, cfg: DFlashConfig)
     valid = torch.arange(ctx, device=dev)[None, :] < lens[:, None]
     return dict(feats=feats, anchors=anchors, block=block.view(s, -1), labels=labels.view(s, -1),
                 positions=idx.view(s, -1).clamp(max=cfg.max_position_embeddings - 1), valid=valid)
+
+
+def _to_device(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """A host tensor on `dev` without a stream sync (pinned + non-blocking on CUDA)."""
+    return t.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else t.to(dev)
 
 
 def block_hidden(drafter: DFlashDrafter, target: CausalLM, batch: dict) -> torch.Tensor:
@@ -124,27 +142,103 @@ def block_hidden(drafter: DFlashDrafter, target: CausalLM, batch: dict) -> torch
     return drafter(emb, batch["positions"], ctx_kv, mask)
 
 
-def dflash_loss(drafter: DFlashDrafter, target: CausalLM, batch: dict) -> tuple[torch.Tensor, dict]:
-    """Position-decayed block cross-entropy; stats: per-position accuracy and `tau_uniform`, the mean
-    number of leading correct drafts + 1 over uniformly drawn anchors. tau_uniform overestimates
-    the engine's acceptance length (it weighs positions, the engine weighs steps, which crowd where
-    acceptance is low); evaluate() reports the engine's semantics as `tau`."""
+def dflash_loss(drafter: DFlashDrafter, target: CausalLM, batch: dict, with_stats: bool = True) -> tuple[torch.Tensor, dict]:
+    """Position-decayed block cross-entropy over block positions 1 .. B-1 (no host sync).
+
+    Stats (with_stats; they sync): per-position accuracy and `tau_uniform`, the mean number of leading
+    correct drafts + 1 over uniformly drawn anchors. tau_uniform overestimates the engine's acceptance
+    length (it weighs positions, the engine weighs steps, which crowd where acceptance is low);
+    evaluate() reports the engine's semantics as `tau`."""
     b = drafter.config.block_size
     hidden = block_hidden(drafter, target, batch)
-    labels = batch["labels"].reshape(-1)
-    sel = labels >= 0
-    logits = target.compute_logits(hidden.reshape(-1, hidden.shape[-1])[sel])
-    ce = F.cross_entropy(logits, labels[sel], reduction="none")
-    j = torch.arange(labels.numel(), device=labels.device) % b
-    w = torch.exp(-(j[sel] - 1).float() / drafter.config.loss_gamma)
-    loss = (ce * w).sum() / w.sum()
+    s, h = hidden.shape[0], hidden.shape[-1]
+    rows = hidden.reshape(s, -1, b, h)[:, :, 1:].reshape(-1, h)  # position 0 holds the anchor's own token
+    labels = batch["labels"].reshape(s, -1, b)[:, :, 1:].reshape(-1)  # -100 past the sequence end
+    logits = target.compute_logits(rows)
+    ce = F.cross_entropy(logits, labels, ignore_index=-100, reduction="none")
+    j = torch.arange(1, b, device=labels.device).repeat(labels.numel() // (b - 1))
+    w = torch.exp(-(j - 1).float() / drafter.config.loss_gamma) * (labels >= 0)
+    loss = (ce * w).sum() / w.sum().clamp_min(1e-6)
+    if not with_stats:
+        return loss, {}
     with torch.no_grad():
-        correct = torch.zeros_like(labels, dtype=torch.bool)
-        correct[sel] = logits.argmax(-1) == labels[sel]
-        grid = correct.view(-1, b)[:, 1:]
-        acc = (grid.sum(0).float() / sel.view(-1, b)[:, 1:].sum(0).clamp_min(1)).tolist()
+        grid = (logits.argmax(-1) == labels).view(-1, b - 1)
+        valid = (labels >= 0).view(-1, b - 1)
+        acc = (grid.sum(0).float() / valid.sum(0).clamp_min(1)).tolist()
         tau = 1 + grid.long().cumprod(-1).sum(-1).float().mean().item()
     return loss, {"acc_per_pos": [round(a, 4) for a in acc], "tau_uniform": tau}
+
+
+def build_prompts(tokenizer, opts: TrainOptions) -> list[list[int]]:
+    """Prompt ids: mined stubs in the chosen styles, at most max_prompt_tokens long."""
+    sources, styles = _csv(opts.prompt_sources), _csv(opts.prompt_styles)
+    if bad := [s for s in styles if s not in STYLES]:
+        raise ValueError(f"unknown prompt styles {bad} (choose from {', '.join(STYLES)})")
+    present = []
+    for src in sources:
+        try:
+            source_roots(src)
+            present.append(src)
+        except (ValueError, ImportError):
+            print(f"prompt source {src!r} is not installed here: skipped")
+    stubs = mine_functions(present, opts.num_prompts, opts.seed, opts.max_stub_chars)
+    texts = render_styled(tokenizer, stubs, styles)
+    ids = tokenizer.encode_batch(texts) if hasattr(tokenizer, "encode_batch") else [tokenizer.encode(t) for t in texts]
+    kept = [p for p in ids if len(p) <= opts.max_prompt_tokens]
+    print(f"{len(kept)} prompts ({len(stubs)} stubs from {', '.join(present)}; styles {', '.join(styles)})")
+    return kept
+
+
+def _csv(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def feature_bytes_per_token(cfg: DFlashConfig, dev: torch.device) -> int:
+    return len(cfg.target_layers) * cfg.hidden_size * (2 if dev.type == "cuda" else 4)
+
+
+def make_sequences(engine, opts: TrainOptions, cfg: DFlashConfig, deadline: float) -> tuple[list[Seq], int]:
+    """Mine prompts and generate (at most what fits in max_feature_gb); (sequences, number of prompts)."""
+    prompts = build_prompts(engine.tokenizer, opts)
+    jobs = make_jobs(prompts, opts.responses_per_prompt, opts.temperature, opts.extra_temperature, opts.seed)
+    dev = engine.parts.model.lm_head_weight.device
+    max_tokens = int(opts.max_feature_gb * 2**30 / feature_bytes_per_token(cfg, dev))
+    seqs = generate(engine, jobs, opts.max_new_tokens, deadline, opts.refill_below, max_tokens)
+    return seqs, len(prompts)
+
+
+def release_serving_memory(engine, dev: torch.device) -> None:
+    """Drop the target's serving KV cache and CUDA graphs (training needs neither)."""
+    engine.runner.kv_caches = []
+    engine.runner.graphs = None
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def feature_budget_gb(dev: torch.device, max_gb: float, headroom_gb: float = 32.0) -> float:
+    """max_gb, lowered on CUDA to the free memory less headroom_gb for training's activations."""
+    if dev.type != "cuda":
+        return max_gb
+    free, _ = torch.cuda.mem_get_info(dev)
+    return max(1.0, min(max_gb, free / 2**30 - headroom_gb))
+
+
+def split_by_group(samples: list[Sample], fraction: float, max_groups: int, seed: int) -> tuple[list, list]:
+    """(val, train): all responses of a held-out prompt go to val (fraction of the prompts, at most
+    max_groups; by sample when there is a single prompt)."""
+    groups = sorted({s.group for s in samples})
+    if len(groups) < 2:
+        groups = list(range(len(samples)))
+        samples = [Sample(s.tokens, s.feats, s.prompt_len, i, s.greedy) for i, s in enumerate(samples)]
+    random.Random(seed).shuffle(groups)
+    held = set(groups[: max(1, min(max_groups, int(len(groups) * fraction)))])
+    return [s for s in samples if s.group in held], [s for s in samples if s.group not in held]
+
+
+def lr_at(opts: TrainOptions, step: int, resumed: bool, frac: float) -> float:
+    """Linear warm-up over opts.warmup steps, then a cosine from lr to lr / 10 over the budget."""
+    warm = 1.0 if resumed else min(1.0, (step + 1) / opts.warmup)
+    return opts.lr * warm * (0.1 + 0.45 * (1 + math.cos(math.pi * min(frac, 1.0))))
 
 
 def train(engine, opts: TrainOptions) -> dict:
@@ -162,32 +256,29 @@ def train(engine, opts: TrainOptions) -> dict:
     if opts.sequences:
         seqs, n_prompts = load_sequences(Path(opts.sequences), fp), 0
     else:
-        prompts = render_prompts(engine.tokenizer, mine_stdlib_functions(opts.num_prompts, opts.seed))
-        n_prompts = len(prompts)
-        seqs = generate(engine, prompts, opts.max_new_tokens, opts.max_prompt_tokens, opts.temperature, opts.seed,
-                        deadline=t0 + budget * (1.0 if opts.generate_only else opts.gen_fraction))
+        deadline = t0 + budget * (1.0 if opts.generate_only else opts.gen_fraction)
+        seqs, n_prompts = make_sequences(engine, opts, cfg, deadline)
         save_sequences(out / "sequences.jsonl", seqs, fp)
         print(f"{len(seqs)} sequences written to {out / 'sequences.jsonl'}")
     t_gen = time.monotonic() - t0
     if opts.generate_only:
         return {"num_sequences": len(seqs), "seconds_generate": t_gen}
-    engine.runner.kv_caches = []  # the target's serving cache is not needed any more
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
+    release_serving_memory(engine, dev)
     store = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    samples = extract_features(target, seqs, tuple(cfg.target_layers), store, opts.feature_batch_tokens,
-                               opts.max_feature_gb)
+    gb = feature_budget_gb(dev, opts.max_feature_gb)
+    samples = extract_features(target, seqs, tuple(cfg.target_layers), store, opts.feature_batch_tokens, gb)
+    if len(samples) < len(seqs):
+        print(f"features of {len(samples)} of {len(seqs)} sequences kept ({gb:.1f} GiB budget)")
     t_feat = time.monotonic() - t0 - t_gen
     if len(samples) < 2:
         raise ValueError(f"only {len(samples)} usable sequences; raise --minutes or --num-prompts")
-    random.Random(opts.seed).shuffle(samples)
-    n_val = max(1, int(len(samples) * opts.val_fraction))
-    val, tr = samples[:n_val], samples[n_val:]
+    val, tr = split_by_group(samples, opts.val_fraction, opts.max_val_prompts, opts.seed)
     with torch.device(dev):
         drafter = DFlashDrafter(cfg)
     drafter.init_weights(opts.seed)
     drafter.requires_grad_(True).train()
-    optim = torch.optim.AdamW(drafter.parameters(), lr=opts.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    optim = torch.optim.AdamW(drafter.parameters(), lr=opts.lr, betas=(0.9, 0.95), weight_decay=0.01,
+                              fused=dev.type == "cuda")
     step0 = 0
     if opts.resume and (out / "train_state.pt").is_file():
         state = torch.load(out / "train_state.pt", map_location=dev)
@@ -195,52 +286,64 @@ def train(engine, opts: TrainOptions) -> dict:
         optim.load_state_dict(state["optim"])
         step0 = state["step"]
         print(f"resumed from {out / 'train_state.pt'} at step {step0}")
-    gen = torch.Generator().manual_seed(opts.seed + step0)
-    save_dtype = getattr(torch, opts.save_dtype)
     t_train0, end = time.monotonic(), t0 + budget - min(30.0, budget * 0.05)
+    step, ema, stats = train_loop(drafter, target, optim, tr, opts, step0, end, out)
+    val_loss, val_stats = evaluate(drafter, target, val, opts, cfg)
+    sha = _checkpoint(drafter, optim, step, out, getattr(torch, opts.save_dtype), opts.save_state)
+    log = dict(
+        target=opts.target, target_fingerprint=fp, mask_token_id=mask_id, target_layers=cfg.target_layers,
+        num_prompts=n_prompts, num_sequences=len(samples), num_train_sequences=len(tr),
+        num_val_sequences=len(val), num_tokens=sum(s.tokens.numel() for s in samples),
+        num_response_tokens=sum(s.tokens.numel() - s.prompt_len for s in samples),
+        num_greedy_sequences=sum(s.greedy for s in samples), feature_budget_gb=round(gb, 1),
+        seconds_generate=round(t_gen, 1), seconds_features=round(t_feat, 1),
+        seconds_train=round(time.monotonic() - t_train0, 1), minutes_total=round((time.monotonic() - t0) / 60, 2),
+        steps=step, resumed_from_step=step0, final_loss=ema, final_train_tau_uniform=stats.get("tau_uniform"),
+        val_loss=val_loss, val=val_stats, weights_sha256=sha, options=asdict(opts),
+    )
+    (out / "train_log.json").write_text(json.dumps(log, indent=2) + "\n")
+    print(f"drafter saved to {out}: model.safetensors sha256 {sha}")
+    print(f"val loss {val_loss:.3f}, val tau {val_stats['tau']:.2f} (the engine's greedy acceptance length on "
+          f"held-out responses; first 128 tokens {val_stats['tau_first128']:.2f}; uniform-anchor estimate "
+          f"{val_stats['tau_uniform']:.2f}), {step} steps, "
+          f"{log['minutes_total']} min")
+    return log
+
+
+def train_loop(drafter: DFlashDrafter, target: CausalLM, optim, tr: list[Sample], opts: TrainOptions, step0: int,
+               end: float, out: Path) -> tuple[int, float | None, dict]:
+    """AdamW steps until `end` (or max_steps); the host syncs only every log_every steps."""
+    dev, cfg = target.lm_head_weight.device, drafter.config
+    gen = torch.Generator().manual_seed(opts.seed + step0)
+    t_start = time.monotonic()
     step, ema, stats = step0, None, {}
     bar = tqdm(desc="training", unit="step", total=opts.max_steps, initial=step0)
     while (opts.max_steps is None or step < opts.max_steps) and (step == step0 or time.monotonic() < end):
-        frac = (time.monotonic() - t_train0) / max(end - t_train0, 1e-6)
+        frac = (time.monotonic() - t_start) / max(end - t_start, 1e-6)
         if opts.max_steps:
             frac = max(frac, step / opts.max_steps)
-        warm = 1.0 if step0 else min(1.0, (step + 1) / opts.warmup)
-        lr = opts.lr * warm * (0.1 + 0.45 * (1 + math.cos(math.pi * min(frac, 1.0))))
+        lr = lr_at(opts, step, step0 > 0, frac)
         for g in optim.param_groups:
             g["lr"] = lr
         batch = make_batch([tr[i] for i in torch.randint(len(tr), (opts.batch_seqs,), generator=gen)],
                            opts.anchors, cfg, gen)
+        log = (step + 1) % opts.log_every == 0 or step == step0
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda"):
-            loss, stats = dflash_loss(drafter, target, batch)
+            loss, st = dflash_loss(drafter, target, batch, with_stats=log)
         optim.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
         optim.step()
         step += 1
-        ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
         bar.update(1)
-        bar.set_postfix(loss=f"{ema:.3f}", tau_u=f"{stats['tau_uniform']:.2f}", lr=f"{lr:.1e}")
+        if log:
+            stats = st
+            ema = loss.item() if ema is None else 0.8 * ema + 0.2 * loss.item()
+            bar.set_postfix(loss=f"{ema:.3f}", tau_u=f"{stats['tau_uniform']:.2f}", lr=f"{lr:.1e}")
         if opts.ckpt_every and step % opts.ckpt_every == 0:
-            _checkpoint(drafter, optim, step, out, save_dtype, opts.save_state)
+            _checkpoint(drafter, optim, step, out, getattr(torch, opts.save_dtype), opts.save_state)
     bar.close()
-    val_loss, val_stats = evaluate(drafter, target, val, opts, cfg)
-    sha = _checkpoint(drafter, optim, step, out, save_dtype, opts.save_state)
-    log = dict(
-        target=opts.target, target_fingerprint=fp, mask_token_id=mask_id, target_layers=cfg.target_layers,
-        num_prompts=n_prompts, num_sequences=len(samples), num_train_sequences=len(tr),
-        num_tokens=sum(s.tokens.numel() for s in samples),
-        num_response_tokens=sum(s.tokens.numel() - s.prompt_len for s in samples),
-        seconds_generate=round(t_gen, 1), seconds_features=round(t_feat, 1),
-        seconds_train=round(time.monotonic() - t_train0, 1), minutes_total=round((time.monotonic() - t0) / 60, 2),
-        steps=step, resumed_from_step=step0, final_loss=ema, final_train_tau_uniform=stats.get("tau_uniform"), val_loss=val_loss,
-        val=val_stats, weights_sha256=sha, options=asdict(opts),
-    )
-    (out / "train_log.json").write_text(json.dumps(log, indent=2) + "\n")
-    print(f"drafter saved to {out}: model.safetensors sha256 {sha}")
-    print(f"val loss {val_loss:.3f}, val tau {val_stats['tau']:.2f} (the engine's greedy acceptance length on "
-          f"held-out responses; uniform-anchor estimate {val_stats['tau_uniform']:.2f}), {step} steps, "
-          f"{log['minutes_total']} min")
-    return log
+    return step, ema, stats
 
 
 def _checkpoint(drafter: DFlashDrafter, optim, step: int, out: Path, save_dtype, state: bool) -> str:
@@ -253,7 +356,8 @@ def _checkpoint(drafter: DFlashDrafter, optim, step: int, out: Path, save_dtype,
 @torch.no_grad()
 def evaluate(drafter, target, val: list[Sample], opts: TrainOptions, cfg: DFlashConfig) -> tuple[float, dict]:
     """Loss and stats on held-out sequences: loss, per-position accuracy and tau_uniform at fixed
-    random anchors (seed 1234); `tau` and `accepted_per_pos` from acceptance_walk (the engine's)."""
+    random anchors (seed 1234); `tau` and `accepted_per_pos` from acceptance_walk (the engine's) over
+    the greedy ones, `tau_first128` over their first 128 response tokens (dflash_eval's length)."""
     drafter.eval()
     gen = torch.Generator().manual_seed(1234)
     dev = target.lm_head_weight.device
@@ -264,16 +368,25 @@ def evaluate(drafter, target, val: list[Sample], opts: TrainOptions, cfg: DFlash
             losses.append(loss.item())
             taus.append(st["tau_uniform"])
             accs.append(st["acc_per_pos"])
-        walk = acceptance_walk(drafter, target, val)
+        greedy = [x for x in val if x.greedy] or val
+        walk = acceptance_walk(drafter, target, greedy)
+        walk128 = acceptance_walk(drafter, target, [truncate(x, 128) for x in greedy])
     drafter.train()
     acc = [round(sum(a[j] for a in accs) / len(accs), 4) for j in range(len(accs[0]))]
     return sum(losses) / len(losses), {"tau": walk["tau"], "accepted_per_pos": walk["accepted_per_pos"],
-                                       "num_drafts": walk["num_drafts"], "tau_uniform": sum(taus) / len(taus),
+                                       "num_drafts": walk["num_drafts"], "num_walked": len(greedy),
+                                       "tau_first128": walk128["tau"], "tau_uniform": sum(taus) / len(taus),
                                        "acc_per_pos": acc}
 
 
+def truncate(x: Sample, response_tokens: int) -> Sample:
+    """The sample cut after its first `response_tokens` response tokens."""
+    n = x.prompt_len + response_tokens
+    return Sample(x.tokens[:n], x.feats[:n], x.prompt_len, x.group, x.greedy)
+
+
 @torch.no_grad()
-def leading_matches(drafter: DFlashDrafter, target: CausalLM, sample: Sample, anchors_per_pass: int = 64) -> list[int]:
+def leading_matches(drafter: DFlashDrafter, target: CausalLM, sample: Sample, anchors_per_pass: int = 256) -> list[int]:
     """For every anchor p in the response (prompt_len .. len-2): how many leading drafts of the
     block at p equal the sample's tokens p+1, p+2, ... (at most B-1; none past the end)."""
     b, n = drafter.config.block_size, sample.tokens.numel()
@@ -337,9 +450,16 @@ def add_train_parser(sub) -> None:
     for name, typ in [("minutes", float), ("num-prompts", int), ("max-new-tokens", int), ("block-size", int),
                       ("layers", int), ("seed", int), ("gen-fraction", float), ("target-layers", int),
                       ("batch-seqs", int), ("anchors", int), ("lr", float), ("ckpt-every", int),
-                      ("max-steps", int), ("temperature", float), ("max-num-seqs", int)]:
+                      ("max-steps", int), ("temperature", float), ("max-num-seqs", int), ("max-prompt-tokens", int),
+                      ("warmup", int), ("val-fraction", float), ("max-val-prompts", int), ("max-feature-gb", float),
+                      ("feature-batch-tokens", int), ("responses-per-prompt", int), ("extra-temperature", float),
+                      ("refill-below", float), ("max-stub-chars", int), ("log-every", int)]:
         field = name.replace("-", "_")
         s.add_argument(f"--{name}", type=typ, default=TrainOptions.__dataclass_fields__[field].default)
+    s.add_argument("--prompt-sources", default="stdlib",
+                   help="comma-separated: stdlib and/or installed packages by import name (numpy,scipy,...)")
+    s.add_argument("--prompt-styles", default="chat",
+                   help=f"comma-separated, cycled over the prompts ({', '.join(STYLES)}; repeat one to weight it)")
     s.add_argument("--device", default="auto")
     s.add_argument("--save-dtype", default="bfloat16", choices=["bfloat16", "float32"])
     s.add_argument("--sequences", default=None, help="JSONL of (prompt, response) ids from an earlier run")
@@ -361,7 +481,8 @@ def _load_engine(opts: TrainOptions):
     from verispec import LLM
 
     max_len = opts.max_prompt_tokens + opts.max_new_tokens + 32
-    blocks = opts.max_num_seqs * -(-max_len // 16) + 64
+    serve = opts.sequences is None  # with --sequences the engine never generates: no cache, no graphs
+    blocks = opts.max_num_seqs * -(-max_len // 16) + 64 if serve else -(-max_len // 16) + 8
     llm = LLM(opts.target, device=opts.device, dtype="auto", max_model_len=max_len, max_num_seqs=opts.max_num_seqs,
-              num_gpu_blocks=blocks, seed=opts.seed, max_num_batched_tokens=8192)
+              num_gpu_blocks=blocks, seed=opts.seed, max_num_batched_tokens=8192, enforce_eager=not serve)
     return llm.engine
