@@ -142,6 +142,40 @@ def test_padding_rows_give_zeros(device, dtype):
 
 
 @pytest.mark.parametrize("device,dtype", DEVICES)
+def test_padding_queries_before_chunk(device, dtype):
+    """The runner's padded verify layout (ModelRunner._pad): each chunk of n real queries gets
+    q - n padding queries in front and keeps its seq_len. The real queries see exactly what they
+    see unpadded; a padding query sees only older keys, or none (zeros) when seq_len < q. Also
+    checks tests/tiny.metadata_attention (the engine-level padding test's backend) on both."""
+    from tiny import metadata_attention
+
+    q_len, heads, kv_heads, head_dim, bs = 5, 6, 2, 64, 16
+    shapes = [(1, 1), (2, 2), (5, 40), (1, 37), (3, 20), (4, 17)]
+    meta, kv = make_batch(shapes, bs, kv_heads, head_dim, dtype, device, seed=12)
+    dev = torch.device(device)
+    real = torch.tensor([b * q_len + q_len - n + i for b, (n, _) in enumerate(shapes) for i in range(n)], device=dev)
+    pad_rows = torch.ones(len(shapes) * q_len, dtype=torch.bool, device=dev)
+    pad_rows[real] = False
+    no_key = torch.tensor([i < q_len - sl for _, sl in shapes for i in range(q_len)], device=dev)  # qpos < 0
+    padded = AttentionMetadata(
+        slot_mapping=torch.full((len(shapes) * q_len,), -1, dtype=torch.long, device=dev),
+        query_start_loc=torch.arange(len(shapes) + 1, dtype=torch.int32, device=dev) * q_len,
+        seq_lens=meta.seq_lens, block_tables=meta.block_tables, max_query_len=q_len, max_seq_len=40, block_size=bs,
+    )
+    q = torch.randn(len(shapes) * q_len, heads, head_dim, generator=torch.Generator().manual_seed(13)).to(dev, dtype)
+    ref = reference_attention(q[real].float(), kv.float(), meta, 0.125)
+    torch.testing.assert_close(metadata_attention(q[real].float(), kv.float(), meta, 0.125), ref, **tol(torch.float32))
+    for attn in ("metadata", 1, 3):
+        if attn == "metadata":
+            out = metadata_attention(q, kv, padded, 0.125)
+        else:
+            out = torch.full_like(q, float("nan"))
+            pa.triton_attention(q, kv, padded, 0.125, num_splits=attn, out=out)
+        torch.testing.assert_close(out[real].float(), ref, **tol(dtype), msg=lambda m, a=attn: f"{a}: {m}")
+        assert not out.isnan().any() and (out[no_key] == 0).all() and (out[pad_rows & ~no_key] != 0).any()
+
+
+@pytest.mark.parametrize("device,dtype", DEVICES)
 def test_write_kv(device, dtype):
     g = torch.Generator().manual_seed(7)
     cache = torch.randn(2, 53, 3, 64, generator=g).to(device, dtype)
@@ -159,6 +193,9 @@ def test_write_kv(device, dtype):
     pa.triton_write_kv(got, k, v, skip)
     assert torch.equal(got[:, slots[4]], cache[:, slots[4]])
     assert torch.equal(got[:, slots[5]], want[:, slots[5]])
+    ref = cache.clone()
+    write_kv(ref, k, v, skip)  # the torch path skips negative slots too
+    assert torch.equal(ref, got)
 
 
 @pytest.mark.parametrize("device,dtype", DEVICES)

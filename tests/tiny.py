@@ -120,3 +120,26 @@ def trained_tiny_drafter(model: CausalLM, seqs: list[tuple[list[int], list[int]]
         loss.backward()
         opt.step()
     return d.requires_grad_(False).eval(), samples
+
+
+def metadata_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta, scale: float) -> torch.Tensor:
+    """triton_attention's contract in plain torch, reading only the metadata tensors (so, unlike
+    reference_attention, CudaGraphRunner(capture=False) accepts it; fast on CPU): query i of a
+    sequence with q_len queries sees context positions [0, seq_len - q_len + i]; a query with no
+    visible key gets zeros."""
+    out = torch.zeros_like(q)
+    qsl, lens = meta.query_start_loc.tolist(), meta.seq_lens.tolist()
+    bs, rep = meta.block_size, q.shape[1] // kv_cache.shape[2]
+    for b, sl in enumerate(lens):
+        t0, t1 = qsl[b], qsl[b + 1]
+        if t1 == t0 or sl <= 0:
+            continue
+        pos = torch.arange(sl)
+        slots = meta.block_tables[b].long()[pos // bs] * bs + pos % bs
+        k, v = (kv_cache[i][slots].float().repeat_interleave(rep, dim=1) for i in (0, 1))
+        s = torch.einsum("qhd,lhd->hql", q[t0:t1].float(), k) * scale
+        qpos = sl - (t1 - t0) + torch.arange(t1 - t0)
+        s = s.masked_fill(pos[None, None, :] > qpos[None, :, None], float("-inf"))
+        p = torch.nan_to_num(torch.softmax(s, -1), nan=0.0)  # rows without a visible key: zeros
+        out[t0:t1] = torch.einsum("hql,lhd->qhd", p, v).to(q.dtype)
+    return out

@@ -25,7 +25,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from verispec.models.layers.attention import write_kv
 from verispec.models.layers.norm import RMSNorm
 from verispec.models.layers.rotary import RotaryEmbedding, _rotate
 from verispec.models.qwen2 import CausalLM
@@ -149,6 +148,13 @@ def block_attention_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_s
     return torch.cat([ctx, own], dim=-1)
 
 
+def store_kv(cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+    """K/V [T, KH, D] into a paged cache [2, slots, KH, D]. Every slot must be valid (the drafting
+    step sends unused rows to a dump slot): no masking, so nothing syncs and CUDA graphs capture it."""
+    cache[0].index_copy_(0, slots, k.to(cache.dtype))
+    cache[1].index_copy_(0, slots, v.to(cache.dtype))
+
+
 def rope(rotary: RotaryEmbedding, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """Rotate x [T, heads, D] to absolute positions [T] (the target's rotate-half layout)."""
     return _rotate(x, rotary.cos[positions].unsqueeze(1), rotary.sin[positions].unsqueeze(1))
@@ -191,7 +197,7 @@ class DFlashLayer(nn.Module):
         k = self.k_norm(self.k_proj(h).view(t, self.kh, self.d))
         v = self.v_proj(h).view(t, self.kh, self.d)
         q, k = rotary(positions, q, k)
-        write_kv(kv_cache, k.to(kv_cache.dtype), v.to(kv_cache.dtype), meta.slot_mapping)
+        store_kv(kv_cache, k, v, meta.slot_mapping)
         out = attn_fn(q.to(kv_cache.dtype), kv_cache, meta, self.d**-0.5)
         x = x + self.o_proj(out.reshape(t, self.nh * self.d).to(x.dtype))
         h = self.post_attention_layernorm(x)
@@ -248,7 +254,7 @@ class DFlashDrafter(nn.Module):
                       kv_caches: list[torch.Tensor]) -> None:
         """Context K/V of target features [T, n*H] at positions [T] into each layer's paged cache."""
         for cache, (k, v) in zip(kv_caches, self.context_kv(feats, positions), strict=True):
-            write_kv(cache, k.to(cache.dtype), v.to(cache.dtype), slots)
+            store_kv(cache, k, v, slots)
 
     def forward_paged(self, block_emb: torch.Tensor, positions: torch.Tensor, meta, kv_caches: list[torch.Tensor],
                       attn_fn) -> torch.Tensor:

@@ -7,6 +7,9 @@ seq_lens, block_tables) into the static buffers the graph reads, so nothing from
 previous step) is stale; the attention backend must be triton_attention, which reads all per-step
 values from those tensors (see verispec/kernels/paged_attention.py for that contract).
 
+Padding queries inside a row (a verify step whose requests carry fewer than k drafts) are the
+runner's business (ModelRunner._assemble): it hands run() uniform rows already.
+
 Padding rows (real batch n < captured batch b) are dummy sequences of query_len tokens with
 seq_len = query_len, whose block table points only at a reserved scratch block and whose K/V are
 written there. The caller must reserve that block: it is never handed to a request (default: the
@@ -147,6 +150,13 @@ class CudaGraphRunner:
     # ---- replay ----------------------------------------------------------------------------
     def padded_batch(self, num_seqs: int) -> int | None:
         return next((b for b in self.batch_sizes if b >= num_seqs), None)
+
+    def padded_query_len(self, num_seqs: int, longest: int) -> int | None:
+        """The shortest captured query length >= longest, if a graph for num_seqs rows exists:
+        what the runner pads each chunk of a mixed-length step to (None: the step runs eagerly)."""
+        if self.padded_batch(num_seqs) is None:
+            return None
+        return next((q for q in self.query_lens if q >= longest), None)
 
     @torch.inference_mode()
     def run(

@@ -178,6 +178,8 @@ class ModelRunner:
         self.audit_rate = audit_rate
         self._audit_rng = random.Random(seed)
         self.graphs = None
+        # Steps that replayed a graph (padded_steps of them with padding queries) or ran eagerly.
+        self.graph_steps = self.padded_steps = self.eager_steps = 0
         self.staging = Staging(device)
         self._mirrors = _HostMirrors(device)
         self._ones_by_n: dict[int, torch.Tensor] = {}
@@ -223,8 +225,11 @@ class ModelRunner:
         out = self.graphs.run(inp.ids, inp.positions, inp.meta, len(hb.query_lens), inp.meta.max_query_len) if self.graphs else None
         if out is not None:
             hidden, captured = out.hidden, out.captured
+            self.graph_steps += 1
+            self.padded_steps += len(hb.ids) > sched.num_tokens
         else:
             hidden, captured = self.model(inp.ids, inp.positions, inp.meta, self.kv_caches, self.capture_layers)
+            self.eager_steps += 1
         handle = StepHandle(sched, hb.sampling, captured, hb.offsets)
         if hb.sampling:
             self._sample(handle, hb, inp, hidden if inp.logit_rows is None else hidden[inp.logit_rows], draft_probs)
@@ -287,14 +292,18 @@ class ModelRunner:
 
     def _assemble(self, sched: SchedulerOutput) -> _HostBatch:
         """Host lists for a step: ids (PLACEHOLDER where only the device knows the value), their
-        owners, positions, cache slots, attention lengths, logit rows and draft positions."""
+        owners, positions, cache slots, attention lengths, logit rows and draft positions.
+        Chunks of a step that a verify graph can replay are padded to its query length (_pad)."""
         hb = _HostBatch()
         bs = self.block_size
+        q_pad = self._padded_query_len(sched)
         for s in sched.scheduled:
             req = s.request
             rid = req.request_id
             k, n = s.num_draft_tokens, s.num_new_tokens
             n_known = n - k
+            if q_pad > n:
+                self._pad(hb, s.start, q_pad - n)
             offset = len(hb.ids)
             hb.offsets[rid] = offset
             known = req.token_slice(s.start, s.start + n_known)
@@ -309,7 +318,7 @@ class ModelRunner:
                 hb.ids += drafts
             hb.positions.extend(range(s.start, s.start + n))
             extend_slots(hb.slots, req.block_ids, s.start, n, bs)
-            hb.query_lens.append(n)
+            hb.query_lens.append(max(n, q_pad))
             hb.seq_lens.append(s.start + n)
             hb.tables.append(req.block_ids)
             if s.needs_sample:
@@ -319,6 +328,30 @@ class ModelRunner:
                 hb.logit_rows.extend(range(end - k - 1, end))
                 hb.draft_pos.append(range(end - k, end))
         return hb
+
+    def _padded_query_len(self, sched: SchedulerOutput) -> int:
+        """The query length every chunk of this step is padded to so that it replays a verify
+        graph; 0 for no padding (no graphs, a decode-only step, a chunk longer than any graph's
+        query length or more sequences than the largest graph)."""
+        if self.graphs is None or not sched.scheduled:
+            return 0
+        longest = max(s.num_new_tokens for s in sched.scheduled)
+        if longest == 1:
+            return 0  # uniform already: the decode graph
+        return self.graphs.padded_query_len(len(sched.scheduled), longest) or 0
+
+    @staticmethod
+    def _pad(hb: _HostBatch, start: int, num: int) -> None:
+        """num padding queries placed BEFORE a chunk of n tokens at positions [start, start + n).
+
+        The chunk's seq_len stays start + n while its query length becomes q = n + num, so the
+        attention kernel (query i sees keys [0, seq_len - q + i]) shows real token j, now query
+        num + j, exactly keys [0, start + j] as unpadded; pad query i sees [0, start - num + i],
+        only keys already in the cache before this step (none when negative: zeros). Pads write
+        no K/V (slot -1) and are never a logit or draft row. Their positions only feed rotary."""
+        hb.ids += [0] * num
+        hb.positions += [max(0, start - num + i) for i in range(num)]
+        hb.slots += [-1] * num
 
     @staticmethod
     def _draft_index(draft_pos: list[range], kmax: int, sentinel: int) -> list[int]:

@@ -20,7 +20,7 @@ class AttentionMetadata:
     Shapes: T = tokens in the step, B = sequences, Q = longest query, L = longest context.
     """
 
-    slot_mapping: torch.Tensor  # [T] long: cache slot each new token's K/V is written to
+    slot_mapping: torch.Tensor  # [T] long: cache slot each new token's K/V is written to (< 0: not written)
     query_start_loc: torch.Tensor  # [B+1] int32: token offsets of each sequence in the step
     seq_lens: torch.Tensor  # [B] int32: context length after this step
     block_tables: torch.Tensor  # [B, max_blocks] int32
@@ -67,7 +67,11 @@ def build_reference_indices(
 
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Store this step's K/V ([T, KH, D]) into their cache slots."""
+    """Store this step's K/V ([T, KH, D]) into their cache slots; a negative slot (a padding
+    token) is not written. (The mask is a host sync on CUDA; the Triton path has none.)"""
+    keep = (slot_mapping >= 0).nonzero().squeeze(1)
+    if keep.numel() != slot_mapping.numel():
+        slot_mapping, k, v = slot_mapping[keep], k[keep], v[keep]
     kv_cache[0].index_copy_(0, slot_mapping, k)
     kv_cache[1].index_copy_(0, slot_mapping, v)
 
