@@ -1,5 +1,5 @@
-"""Host-side output mechanics: FINAL_ONLY outputs (what LLM.generate asks for) and the
-detokenizer's context memo."""
+"""Host-side output mechanics: FINAL_ONLY outputs (what LLM.generate asks for), text detokenized
+once at the end for them, and the detokenizer's context memo."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import itertools
 import random
 
 import pytest
-from tiny import real_tokenizer, tiny_config, tiny_engine, tiny_model
+from tiny import real_tokenizer, text_model, tiny_config, tiny_engine, tiny_model
 
 from verispec import SamplingParams
 from verispec.engine import detokenizer
@@ -76,6 +76,36 @@ def test_final_only_returns_the_same_final_outputs_once(model, async_scheduling:
     assert fin_metrics == cum_metrics
     assert all(o.finished for o in fin_seen) and len(fin_seen) == len(ps)
     assert len(cum_seen) > 3 * len(ps)  # the streaming run did return intermediate outputs
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_deferred_text_equals_streamed_text(skip: bool) -> None:
+    """FINAL_ONLY without stop strings detokenizes each sequence once, at the end: the text is the
+    one the step-by-step detokenizer streams (random tokens over the whole vocabulary, with
+    characters split across tokens and special tokens)."""
+    m = text_model()
+    ps = prompts(6, 151_000, seed=1)
+    texts = {}
+    for kind in RequestOutputKind:
+        params = [SamplingParams(temperature=1.0, seed=s, max_tokens=40, ignore_eos=True, skip_special_tokens=skip,
+                                 output_kind=kind) for s in range(len(ps))]
+        final, _ = drive(tiny_engine(m), ps, params)
+        texts[kind] = {r: (o.outputs[0].text, o.outputs[0].token_ids) for r, o in final.items()}
+    assert texts[FINAL] == texts[RequestOutputKind.CUMULATIVE]
+    assert any(t for t, _ in texts[FINAL].values())
+
+
+def test_final_only_detokenizes_once_per_sequence(model, monkeypatch) -> None:
+    calls = []
+    add = IncrementalDetokenizer.add_tokens
+    monkeypatch.setattr(IncrementalDetokenizer, "add_tokens", lambda self, ids: calls.append(len(ids)) or add(self, ids))
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, output_kind=FINAL)
+    drive(tiny_engine(model), prompts(3, 512), [params] * 3)
+    assert calls == [20, 20, 20]
+    calls.clear()
+    drive(tiny_engine(model), prompts(1, 512), [SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True,
+                                                               stop=["never!"], output_kind=FINAL)])
+    assert len(calls) == 20  # stop strings are looked for as the text grows
 
 
 def test_generate_asks_for_final_only_without_touching_params(model) -> None:

@@ -22,7 +22,7 @@ from verispec.sampling_params import RequestOutputKind, SamplingParams
 from verispec.spec.metrics import SpecCounters
 from verispec.spec.proposer import Proposal
 from verispec.worker.runner import StepResult
-from verispec.worker.token_state import PLACEHOLDER
+from verispec.worker.token_state import PLACEHOLDER, check_fresh
 
 
 @dataclass
@@ -38,6 +38,9 @@ class _Group:
     arrival_time: float
     first_token_time: float | None = None
     final_only: bool = False  # RequestOutputKind.FINAL_ONLY: one output, when it finishes
+    # FINAL_ONLY without stop strings: nobody reads the text before the end, so each sequence is
+    # detokenized once, when it finishes (texts stay "" until then).
+    defer_text: bool = False
 
     def finished(self) -> bool:
         """True once every sequence of the request has finished."""
@@ -118,8 +121,9 @@ class LLMEngine:
             )
             for _ in seqs
         ]
+        final_only = params.output_kind is RequestOutputKind.FINAL_ONLY
         g = _Group(request_id, prompt, ids, seqs, detoks, [""] * len(seqs), time.monotonic(),
-                   final_only=params.output_kind is RequestOutputKind.FINAL_ONLY)
+                   final_only=final_only, defer_text=final_only and not params.stop)
         self.groups[request_id] = g
         for s in seqs:
             self.seq_to_group[s.request_id] = g
@@ -266,6 +270,8 @@ class LLMEngine:
         self.num_generation_tokens += len(new)
         if g.first_token_time is None:
             g.first_token_time = time.monotonic()
+        if g.defer_text:
+            return  # detokenized in _finish
         detok = g.detoks[req.index]
         g.texts[req.index] += detok.add_tokens(new)
         if detok.stop_hit is not None and req.finish_reason is None:
@@ -309,7 +315,10 @@ class LLMEngine:
             self.proposer.free_request(req.request_id)
         g = self.seq_to_group.get(req.request_id)
         if g is not None:
-            g.texts[req.index] += g.detoks[req.index].flush()
+            detok = g.detoks[req.index]
+            if g.defer_text and reason != "abort":  # an aborted request's text is never read
+                g.texts[req.index] += detok.add_tokens(check_fresh(req.output_token_ids, "output_token_ids"))
+            g.texts[req.index] += detok.flush()
             if all(s.is_finished for s in g.seqs) and reason != "abort":
                 self.num_requests_finished += 1
 
