@@ -1,5 +1,5 @@
 """Host-side output mechanics: FINAL_ONLY outputs (what LLM.generate asks for), text detokenized
-once at the end for them, and the detokenizer's context memo."""
+once at the end for them, the detokenizer's context memo, and placeholder-free streamed tokens."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from verispec.engine import detokenizer
 from verispec.engine.detokenizer import IncrementalDetokenizer
 from verispec.entrypoints.llm import LLM
 from verispec.sampling_params import RequestOutputKind
+from verispec.worker.token_state import PLACEHOLDER
 
 FINAL = RequestOutputKind.FINAL_ONLY
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3}
@@ -124,6 +125,17 @@ def test_generate_asks_for_final_only_without_touching_params(model) -> None:
 def test_output_kind_is_validated() -> None:
     with pytest.raises(ValueError, match="output_kind"):
         SamplingParams(output_kind="final")
+
+
+@pytest.mark.parametrize("spec", [None, NGRAM])
+def test_streamed_token_ids_hold_no_placeholders(model, spec) -> None:
+    """The overlapped loop's outputs carry the tokens known on the host, never its placeholders."""
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, logprobs=1)
+    _, seen = drive(tiny_engine(model, spec=spec, async_scheduling=True), prompts(4, 512), [params] * 4)
+    for out in seen:
+        c = out.outputs[0]
+        assert PLACEHOLDER not in c.token_ids
+        assert len(c.logprobs) == len(c.token_ids)
 
 
 def test_context_memo_saves_a_decode_per_token() -> None:

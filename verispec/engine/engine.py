@@ -340,10 +340,15 @@ class LLMEngine:
     @staticmethod
     def _completion(s: Request, text: str) -> CompletionOutput:
         """One sequence's CompletionOutput (positional arguments: this runs for every request
-        in every step of a streaming consumer)."""
+        in every step of a streaming consumer). token_ids are the values known on the host: the
+        overlapped loop's trailing PLACEHOLDERs (its launched step) are left out."""
+        ids = s.output_token_ids
+        n = len(ids)
+        while n and ids[n - 1] == PLACEHOLDER:  # placeholders only ever trail (steps resolve in order)
+            n -= 1
         done = s.status is Status.FINISHED
         return CompletionOutput(
-            s.index, text, s.output_token_ids[:], s.finish_reason if done else None, s.stop_reason,
+            s.index, text, ids[:n], s.finish_reason if done else None, s.stop_reason,
             list(s.logprobs) if s.params.logprobs is not None else None, None,
             s.spec.num_draft_tokens, s.spec.num_accepted_tokens, list(s.spec.accepted_per_pos),
         )
