@@ -8,6 +8,10 @@ sampling ops, collect, detokenizing, outputs. Times are CPU time of the main thr
 may be shared; torch runs on one thread), best of --repeats runs.
 
     PYTHONPATH=$PWD python3 scripts/host_overhead.py [--steps 200] [--batch-sizes 1,64] [--profile CASE]
+        [--output-kind cumulative|final_only] [--loops sync,async] [--cases decode,ngram4]
+
+--output-kind final_only is what LLM.generate asks for (no per-step RequestOutputs); cumulative
+(the default) is what a streaming consumer (the server, `verispec generate`, bench drive) gets.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from tiny import tiny_config, tiny_engine, tiny_model  # noqa: E402
 
 from verispec import SamplingParams  # noqa: E402
 from verispec.models.layers import attention  # noqa: E402
+from verispec.sampling_params import RequestOutputKind  # noqa: E402
 from verispec.worker import inputs, runner  # noqa: E402
 
 
@@ -66,12 +71,13 @@ def prompts(batch: int, length: int) -> list[list[int]]:
     return out
 
 
-def measure(model, batch: int, async_scheduling: bool, spec: dict | None, steps: int, profile: bool = False) -> dict:
+def measure(model, batch: int, async_scheduling: bool, spec: dict | None, steps: int, profile: bool = False,
+            output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE) -> dict:
     eng = tiny_engine(
         model, spec=spec, async_scheduling=async_scheduling, max_num_seqs=max(batch, 1),
         max_num_batched_tokens=4096, num_gpu_blocks=batch * ((64 + steps * 6) // 16 + 4) + 16,
     )
-    params = SamplingParams(temperature=0.0, max_tokens=steps * 5 + 64, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=steps * 5 + 64, ignore_eos=True, output_kind=output_kind)
     for i, p in enumerate(prompts(batch, 64)):
         eng.add_request(f"r{i}", None, params, p)
     for _ in range(5):  # prefill and warm-up
@@ -104,21 +110,30 @@ def main() -> None:
     ap.add_argument("--batch-sizes", default="1,64")
     ap.add_argument("--repeats", type=int, default=3, help="best of this many runs")
     ap.add_argument("--profile", default=None, help="cProfile one case, e.g. sync/decode/1")
+    ap.add_argument("--sort", default="cumulative", help="cProfile sort key (cumulative, tottime, ...)")
+    ap.add_argument("--output-kind", default="cumulative", choices=["cumulative", "final_only"])
+    ap.add_argument("--loops", default="sync,async")
+    ap.add_argument("--cases", default=",".join(CASES))
     args = ap.parse_args()
+    global SORT
+    SORT = args.sort
+    kind = RequestOutputKind[args.output_kind.upper()]
     torch.set_num_threads(1)
     model = tiny_model(tiny_config(vocab=512))
     if args.profile:
         loop, case, batch = args.profile.split("/")
-        measure(model, int(batch), loop == "async", CASES[case], args.steps, profile=True)
+        measure(model, int(batch), loop == "async", CASES[case], args.steps, profile=True, output_kind=kind)
         return
-    print(f"{'loop':6} {'case':7} {'batch':>5} {'step ms':>8} {'forward ms':>10} {'host ms':>8}")
+    print(f"output kind: {kind.name}")
+    print(f"{'loop':6} {'case':7} {'batch':>5} {'step ms':>8} {'forward ms':>10} {'host ms':>8} {'host us/req':>11}")
     for batch in (int(b) for b in args.batch_sizes.split(",")):
-        for case, spec in CASES.items():
-            for loop in ("sync", "async"):
-                runs = [measure(model, batch, loop == "async", spec, args.steps) for _ in range(args.repeats)]
+        for case in args.cases.split(","):
+            for loop in args.loops.split(","):
+                runs = [measure(model, batch, loop == "async", CASES[case], args.steps, output_kind=kind)
+                        for _ in range(args.repeats)]
                 r = min(runs, key=lambda x: x["host_ms"])
-                print(f"{loop:6} {case:7} {batch:5d} {r['total_ms']:8.3f} {r['forward_ms']:10.3f} {r['host_ms']:8.3f}",
-                      flush=True)
+                print(f"{loop:6} {case:7} {batch:5d} {r['total_ms']:8.3f} {r['forward_ms']:10.3f} {r['host_ms']:8.3f} "
+                      f"{1e3 * r['host_ms'] / batch:11.1f}", flush=True)
 
 
 if __name__ == "__main__":

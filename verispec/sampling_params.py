@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
+
+
+class RequestOutputKind(enum.Enum):
+    """Which RequestOutputs LLMEngine.step() returns for a request (vLLM's name)."""
+
+    CUMULATIVE = 0  # after every step that changed it: all text and tokens so far (streaming)
+    FINAL_ONLY = 2  # once, when it finishes (LLM.generate: no per-step output is built)
 
 
 @dataclass
@@ -26,6 +34,7 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     extra: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -77,6 +86,8 @@ class SamplingParams:
             bad("repetition_penalty", "must be in (0, 10]")
         if self.logprobs is not None and (not is_int(self.logprobs) or not (0 <= self.logprobs <= 20)):
             bad("logprobs", "must be None or an integer in [0, 20]")
+        if not isinstance(self.output_kind, RequestOutputKind):
+            bad("output_kind", "must be a RequestOutputKind")
 
     @property
     def greedy(self) -> bool:

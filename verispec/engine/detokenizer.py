@@ -12,15 +12,53 @@ held back, so a partial stop string is never streamed; when one appears the text
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Protocol
 
 _REPLACEMENT = "\ufffd"
 _CONTEXT_TOKENS = 4  # prompt tokens decoded as context for the first output token
+_MAX_CACHED_CONTEXTS = 1 << 17  # per tokenizer; the cache starts over when it is full
 
 
 class _Decoder(Protocol):
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
+
+
+class _ContextLengths:
+    """Memo of len(decode(ids)) for context windows, shared by the detokenizers of one tokenizer.
+
+    A window's context is usually the one token settled in the previous step, so the same few
+    thousand contexts come back over and over; decode is a pure function of (ids, skip), so a hit
+    is exactly what decoding would return, one decode per step fewer."""
+
+    _by_tokenizer: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def __init__(self) -> None:
+        self.lengths: dict[tuple[bool, tuple[int, ...]], int] = {}
+
+    @classmethod
+    def of(cls, tokenizer: object) -> _ContextLengths:
+        """The memo shared by every detokenizer of tokenizer (a private one if it cannot be
+        weakly referenced)."""
+        try:
+            memo = cls._by_tokenizer.get(tokenizer)
+            if memo is None:
+                memo = cls._by_tokenizer[tokenizer] = cls()
+        except TypeError:
+            return cls()
+        return memo
+
+    def length(self, tokenizer: _Decoder, ids: list[int], skip: bool) -> int:
+        """len(tokenizer.decode(ids, skip_special_tokens=skip)), from the memo when known."""
+        key = (skip, tuple(ids))
+        n = self.lengths.get(key)
+        if n is None:
+            n = len(tokenizer.decode(ids, skip_special_tokens=skip))
+            if len(self.lengths) >= _MAX_CACHED_CONTEXTS:
+                self.lengths.clear()
+            self.lengths[key] = n
+        return n
 
 
 class IncrementalDetokenizer:
@@ -38,6 +76,7 @@ class IncrementalDetokenizer:
         if not all(isinstance(s, str) and s for s in stop):
             raise ValueError("stop must be a list of non-empty strings")
         self._tok = tokenizer
+        self._context_lengths = _ContextLengths.of(tokenizer)
         self._skip = skip_special_tokens
         self._stop = stop
         self._max_stop = max((len(s) for s in stop), default=0)
@@ -93,7 +132,7 @@ class IncrementalDetokenizer:
 
     def _settle(self, final: bool) -> str:
         """New settled text of the window; slide the window when its text is complete."""
-        done = len(self._decode(0, self._read)) + self._partial
+        done = self._context_lengths.length(self._tok, self._ids[: self._read], self._skip) + self._partial
         window = self._decode(0, len(self._ids))
         if window.endswith(_REPLACEMENT) and not final:
             # Maybe a character cut in two: everything before the last char is settled already.

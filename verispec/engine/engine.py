@@ -18,11 +18,11 @@ from verispec.engine.request import Request, Status
 from verispec.engine.scheduler import Scheduler
 from verispec.engine.setup import EngineParts, build_engine_parts
 from verispec.outputs import CompletionOutput, RequestOutput
-from verispec.sampling_params import SamplingParams
+from verispec.sampling_params import RequestOutputKind, SamplingParams
 from verispec.spec.metrics import SpecCounters
 from verispec.spec.proposer import Proposal
 from verispec.worker.runner import StepResult
-from verispec.worker.token_state import PLACEHOLDER
+from verispec.worker.token_state import PLACEHOLDER, check_fresh
 
 
 @dataclass
@@ -37,6 +37,14 @@ class _Group:
     texts: list[str]  # streamed text so far (detokenizer deltas; partial stop strings held back)
     arrival_time: float
     first_token_time: float | None = None
+    final_only: bool = False  # RequestOutputKind.FINAL_ONLY: one output, when it finishes
+    # FINAL_ONLY without stop strings: nobody reads the text before the end, so each sequence is
+    # detokenized once, when it finishes (texts stay "" until then).
+    defer_text: bool = False
+
+    def finished(self) -> bool:
+        """True once every sequence of the request has finished."""
+        return all(s.status is Status.FINISHED for s in self.seqs)
 
 
 class LLMEngine:
@@ -113,7 +121,9 @@ class LLMEngine:
             )
             for _ in seqs
         ]
-        g = _Group(request_id, prompt, ids, seqs, detoks, [""] * len(seqs), time.monotonic())
+        final_only = params.output_kind is RequestOutputKind.FINAL_ONLY
+        g = _Group(request_id, prompt, ids, seqs, detoks, [""] * len(seqs), time.monotonic(),
+                   final_only=final_only, defer_text=final_only and not params.stop)
         self.groups[request_id] = g
         for s in seqs:
             self.seq_to_group[s.request_id] = g
@@ -147,7 +157,7 @@ class LLMEngine:
         touched = self._commit(sched, result, optimistic=False)
         if self.proposer is not None:
             self._propose(sched, handle, {})
-        return [self._output(g) for g in touched.values()]
+        return self._outputs(touched)
 
     def _step_async(self) -> list[RequestOutput]:
         """Overlapped loop: launch step N, then finish step N-1 on the host while N runs.
@@ -201,8 +211,7 @@ class LLMEngine:
 
     def _drain_handle(self, handle) -> list[RequestOutput]:
         result = self.runner.collect(handle)
-        touched = self._commit(handle.sched, result, optimistic=True)
-        return [self._output(g) for g in touched.values()]
+        return self._outputs(self._commit(handle.sched, result, optimistic=True))
 
     def _schedule(self):
         sched = self.scheduler.schedule()
@@ -215,22 +224,27 @@ class LLMEngine:
 
     def _commit_optimistic(self, handle, counts: list[int] | None) -> None:
         """Advance the books of a launched step: lengths now, values later (PLACEHOLDER)."""
-        sampled = {s.request.request_id: i for i, (s, _) in enumerate(handle.sampling)}
+        commit = self.scheduler.commit
+        sampling = iter(handle.sampling)  # the sampled rows, in the order of sched.scheduled
+        nxt, i = next(sampling, None), 0
         for s in handle.sched.scheduled:
-            req = s.request
-            i = sampled.get(req.request_id)
-            n = None if i is None else (counts[i] if counts is not None else 1)
-            self.scheduler.commit(s, None if n is None else [PLACEHOLDER] * n, publish=False)
+            if nxt is not None and nxt[0] is s:
+                commit(s, [PLACEHOLDER] * (counts[i] if counts is not None else 1), publish=False)
+                nxt, i = next(sampling, None), i + 1
+            else:
+                commit(s, None, publish=False)
 
     def _commit(self, sched, result, optimistic: bool) -> dict:
         """Apply host values to the books: finalize tokens, count acceptance, detokenize, stop."""
         touched: dict[str, _Group] = {}
+        groups, values, logprobs = self.seq_to_group, result.sampled, result.logprobs
         for s in sched.scheduled:
             req = s.request
-            g = self.seq_to_group.get(req.request_id)
-            if g is None or req.is_finished:
+            rid = req.request_id
+            g = groups.get(rid)
+            if g is None or req.status is Status.FINISHED:
                 continue  # finished (or aborted) while this step was in flight: discard
-            sampled = result.sampled.get(req.request_id)
+            sampled = values.get(rid)
             if optimistic:
                 new = self.scheduler.resolve(s, sampled)
             else:
@@ -238,22 +252,30 @@ class LLMEngine:
                 self.scheduler.commit(s, sampled)
                 new = req.output_token_ids[n_before:]
             if sampled is not None:
-                self._count_acceptance(req, s.num_draft_tokens, len(sampled) - 1)
-                if req.request_id in result.logprobs:
-                    req.logprobs.extend(result.logprobs[req.request_id][: len(new)])
-            self.num_generation_tokens += len(new)
+                if s.num_draft_tokens:
+                    self._count_acceptance(req, s.num_draft_tokens, len(sampled) - 1)
+                if logprobs and rid in logprobs:
+                    req.logprobs.extend(logprobs[rid][: len(new)])
             if new:
-                g.first_token_time = g.first_token_time or time.monotonic()
-                detok = g.detoks[req.index]
-                g.texts[req.index] += detok.add_tokens(new)
-                if detok.stop_hit is not None and req.finish_reason is None:
-                    req.finish_reason, req.stop_reason = "stop", detok.stop_hit
-            if req.finish_reason is not None and not req.is_finished:
+                self._add_text(g, req, new)
+            if req.finish_reason is not None and req.status is not Status.FINISHED:
                 self._finish(req, req.finish_reason)
             touched[g.request_id] = g
         self.num_audited_steps += result.audited
         self.audit_mismatches += result.audit_mismatches
         return touched
+
+    def _add_text(self, g: _Group, req: Request, new: list[int]) -> None:
+        """Count and detokenize a sequence's new tokens; a stop string finishes it."""
+        self.num_generation_tokens += len(new)
+        if g.first_token_time is None:
+            g.first_token_time = time.monotonic()
+        if g.defer_text:
+            return  # detokenized in _finish
+        detok = g.detoks[req.index]
+        g.texts[req.index] += detok.add_tokens(new)
+        if detok.stop_hit is not None and req.finish_reason is None:
+            req.finish_reason, req.stop_reason = "stop", detok.stop_hit
 
     def _propose(self, sched, handle, sources) -> None:
         self.proposer.observe(sched, StepResult(captured=handle.captured, token_offsets=handle.token_offsets))
@@ -293,29 +315,43 @@ class LLMEngine:
             self.proposer.free_request(req.request_id)
         g = self.seq_to_group.get(req.request_id)
         if g is not None:
-            g.texts[req.index] += g.detoks[req.index].flush()
+            detok = g.detoks[req.index]
+            if g.defer_text and reason != "abort":  # an aborted request's text is never read
+                g.texts[req.index] += detok.add_tokens(check_fresh(req.output_token_ids, "output_token_ids"))
+            g.texts[req.index] += detok.flush()
             if all(s.is_finished for s in g.seqs) and reason != "abort":
                 self.num_requests_finished += 1
 
+    def _outputs(self, touched: dict[str, _Group]) -> list[RequestOutput]:
+        """RequestOutputs of the groups a step changed; a FINAL_ONLY group only once it finishes
+        (LLM.generate reads nothing else, so nothing is built for it in the steps before)."""
+        return [self._output(g) for g in touched.values() if not g.final_only or g.finished()]
+
     def _output(self, g: _Group) -> RequestOutput:
-        outs = []
-        for s, text in zip(g.seqs, g.texts, strict=True):
-            outs.append(
-                CompletionOutput(
-                    index=s.index, text=text, token_ids=list(s.output_token_ids),
-                    finish_reason=s.finish_reason if s.is_finished else None, stop_reason=s.stop_reason,
-                    logprobs=list(s.logprobs) if s.params.logprobs is not None else None,
-                    cumulative_logprob=None,
-                    spec_num_draft_tokens=s.spec.num_draft_tokens, spec_num_accepted_tokens=s.spec.num_accepted_tokens,
-                    spec_accepted_per_pos=list(s.spec.accepted_per_pos),
-                )
-            )
-        finished = all(s.is_finished for s in g.seqs)
+        """The group's state now: a snapshot (fresh lists) that later steps never change."""
+        outs = [self._completion(s, text) for s, text in zip(g.seqs, g.texts, strict=True)]
+        finished = g.finished()
         if finished:
             self.groups.pop(g.request_id, None)
             for s in g.seqs:
                 self.seq_to_group.pop(s.request_id, None)
         return RequestOutput(g.request_id, g.prompt, g.prompt_token_ids, outs, finished, g.seqs[0].num_cached_tokens)
+
+    @staticmethod
+    def _completion(s: Request, text: str) -> CompletionOutput:
+        """One sequence's CompletionOutput (positional arguments: this runs for every request
+        in every step of a streaming consumer). token_ids are the values known on the host: the
+        overlapped loop's trailing PLACEHOLDERs (its launched step) are left out."""
+        ids = s.output_token_ids
+        n = len(ids)
+        while n and ids[n - 1] == PLACEHOLDER:  # placeholders only ever trail (steps resolve in order)
+            n -= 1
+        done = s.status is Status.FINISHED
+        return CompletionOutput(
+            s.index, text, ids[:n], s.finish_reason if done else None, s.stop_reason,
+            list(s.logprobs) if s.params.logprobs is not None else None, None,
+            s.spec.num_draft_tokens, s.spec.num_accepted_tokens, list(s.spec.accepted_per_pos),
+        )
 
     # ---- metrics ---------------------------------------------------------------------------
     def get_metrics(self) -> dict:

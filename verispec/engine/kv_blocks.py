@@ -83,7 +83,7 @@ class BlockManager:
 
     def allocate(self, block_ids: list[int], num_tokens: int) -> bool:
         """Grow block_ids (in place) to hold num_tokens. False (and no change) if out of blocks."""
-        need = self.blocks_needed(num_tokens) - len(block_ids)
+        need = -(-num_tokens // self.block_size) - len(block_ids)  # blocks_needed(), inlined: hot
         if need <= 0:
             return True
         if need > len(self.free):

@@ -26,7 +26,7 @@ from verispec.engine.request import Request, Status
 from verispec.worker.token_state import PLACEHOLDER
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledRequest:
     """One request's share of a step: tokens [start, start + num_new_tokens), drafts last."""
 
@@ -89,16 +89,18 @@ class Scheduler:
             if req.pending_stop:
                 i += 1  # waiting for its last values; nothing more to compute
                 continue
+            short = self._resumes_short(req)
+            num_new = self._target(req, short) - req.num_computed_tokens
             k = len(req.spec_token_ids)
-            num_new = self._target(req) - req.num_computed_tokens
-            k = max(0, min(k, self.max_num_batched_tokens - num_new, self.max_model_len - req.num_tokens))
-            if k and num_new + k > budget:
-                # Drafts are never cut to fit the budget: the request waits a step with all of
-                # them, so its draft schedule does not depend on what else is in the batch.
-                i += 1
-                continue
+            if k:
+                k = max(0, min(k, self.max_num_batched_tokens - num_new, self.max_model_len - req.num_tokens))
+                if k and num_new + k > budget:
+                    # Drafts are never cut to fit the budget: the request waits a step with all of
+                    # them, so its draft schedule does not depend on what else is in the batch.
+                    i += 1
+                    continue
             num_new = min(num_new + k, budget)
-            if not self._allocate_or_preempt(req, self._blocks_for(req, num_new), out):
+            if not self._allocate_or_preempt(req, self._blocks_for(req, num_new, short), out):
                 continue  # req itself was preempted; the list shrank
             out.scheduled.append(ScheduledRequest(req, req.num_computed_tokens, num_new, k))
             budget -= num_new
@@ -145,19 +147,22 @@ class Scheduler:
         drafting: its prefill stops one token short of the end."""
         return self.drafts_for is not None and bool(req.output_token_ids) and req.num_computed_tokens < req.num_tokens - 1
 
-    def _blocks_for(self, req: Request, num_new: int) -> int:
+    def _blocks_for(self, req: Request, num_new: int, short: bool | None = None) -> int:
         """Tokens whose blocks a chunk of num_new tokens needs: its own, and when it completes a
         resume, also the drafts that propose() reserves right after the step (admitting it
-        without them would only preempt it again once the prefill is done)."""
+        without them would only preempt it again once the prefill is done). short: the value
+        of _resumes_short(req) when the caller has it."""
         end = req.num_computed_tokens + num_new
-        if self._resumes_short(req) and end == req.num_tokens - 1:
+        if (self._resumes_short(req) if short is None else short) and end == req.num_tokens - 1:
             return req.num_tokens + self.drafts_for(req)
         return end
 
-    def _target(self, req: Request) -> int:
+    def _target(self, req: Request, short: bool | None = None) -> int:
         """How far the request's known tokens are computed this step (before drafts): all of
-        them, or all but the last for a request resuming for drafts (see the module docstring)."""
-        return req.num_tokens - 1 if self._resumes_short(req) else req.num_tokens
+        them, or all but the last for a request resuming for drafts (see the module docstring).
+        short: the value of _resumes_short(req) when the caller has it."""
+        n = req.num_tokens
+        return n - 1 if (self._resumes_short(req) if short is None else short) else n
 
     def _allocate_or_preempt(self, req: Request, num_tokens: int, out: SchedulerOutput) -> bool:
         """Grow req's blocks to num_tokens, preempting the most recently admitted running
@@ -221,7 +226,8 @@ class Scheduler:
             num_accepted = len(sampled) - 1
             assert 0 <= num_accepted <= s.num_draft_tokens
             req.num_computed_tokens = s.start + s.num_new_tokens - (s.num_draft_tokens - num_accepted)
-        req.spec_token_ids = []
+        if req.spec_token_ids:
+            req.spec_token_ids = []
         if sampled is not None:
             for tok in sampled:
                 req.output_token_ids.append(tok)
@@ -262,13 +268,15 @@ class Scheduler:
         if req.finish_reason is None and req.pending_stop and PLACEHOLDER not in out:
             req.finish_reason = "length"
         if req.finish_reason is None:
-            self._publish(req, min(req.num_computed_tokens, self._known(req)))
+            # Steps resolve in launch order, so no placeholder precedes this step's first token.
+            self._publish(req, min(req.num_computed_tokens, self._known(req, s.output_base)))
         return new
 
-    def _known(self, req: Request) -> int:
-        """Leading tokens of the request whose values are on the host."""
+    def _known(self, req: Request, start: int = 0) -> int:
+        """Leading tokens of the request whose values are on the host. start: an output index
+        before which the caller knows there is no placeholder (the search begins there)."""
         try:
-            return req.num_prompt_tokens + req.output_token_ids.index(PLACEHOLDER)
+            return req.num_prompt_tokens + req.output_token_ids.index(PLACEHOLDER, start)
         except ValueError:
             return req.num_tokens
 

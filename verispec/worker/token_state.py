@@ -57,15 +57,19 @@ class DeviceTokens:
     values: torch.Tensor
     rows_by_id: dict[str, int] = field(default_factory=dict)
     base: dict[str, int] = field(default_factory=dict)
+    width: int = field(init=False)  # values.shape[1], read once (flat_index runs per placeholder)
+
+    def __post_init__(self) -> None:
+        self.width = self.values.shape[1]
 
     def flat_index(self, req_id: str, index: int) -> int | None:
         row = self.rows_by_id.get(req_id)
         if row is None:
             return None
         col = index - self.base[req_id]
-        if not 0 <= col < self.values.shape[1]:
+        if not 0 <= col < self.width:
             return None
-        return row * self.values.shape[1] + col
+        return row * self.width + col
 
 
 Owner = tuple[str, str, int]  # (request id, "out" | "draft", index) of a placeholder input
