@@ -198,7 +198,7 @@ def make_engine(bm: BenchModel, spec: dict | None, max_num_seqs: int, prompt_ids
         num_gpu_blocks=blocks, enable_prefix_caching=False,
         async_scheduling=bm.device.type == "cuda" if bm.setup.async_scheduling is None else bm.setup.async_scheduling,
         seed=bm.setup.seed, speculative_config=SpeculativeConfig.from_dict(spec),
-        spec_audit_rate=bm.setup.spec_audit_rate,
+        spec_audit_rate=bm.setup.spec_audit_rate, extra={"graph_capture": "all"},  # no capture in timed runs
     )
     from verispec.spec import factory
 

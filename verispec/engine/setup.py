@@ -77,6 +77,15 @@ def size_kv_blocks(config: EngineConfig, per_block: int, device: torch.device, m
     return max(16, min(want, (4 << 30) // per_block))
 
 
+def lazy_graphs(config: EngineConfig) -> bool:
+    """extra graph_capture: 'lazy' (default: each CUDA graph on its first use, nothing before the
+    first token) or 'all' (every shape at start-up: benchmarks, so no capture lands in a timed run)."""
+    mode = config.extra.get("graph_capture", "lazy")
+    if mode not in ("lazy", "all"):
+        raise ValueError(f"graph_capture must be 'lazy' or 'all', got {mode!r}")
+    return mode == "lazy"
+
+
 def build_engine_parts(config: EngineConfig) -> EngineParts:
     """Load the model named in config and assemble everything around it."""
     t0 = time.monotonic()
@@ -112,7 +121,7 @@ def assemble_parts(config: EngineConfig, tok, model: CausalLM, device, dtype, t0
         query_lens = (1,) if spec is None else (1, 1 + spec.num_speculative_tokens)
         graph_options = dict(
             max_batch=min(config.max_num_seqs, 256), query_lens=query_lens,
-            max_blocks_per_seq=-(-max_model_len // config.block_size),
+            max_blocks_per_seq=-(-max_model_len // config.block_size), lazy=lazy_graphs(config),
         )
     runner = ModelRunner(model, num_blocks, config.block_size, device, dtype, config.seed, capture,
                          config.spec_audit_rate, graph_options)

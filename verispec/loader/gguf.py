@@ -30,6 +30,9 @@ _SCALARS: dict[int, tuple[str, str]] = {
 }
 _STRING, _ARRAY, _BOOL, _FLOAT32 = 8, 9, 7, 6
 SUPPORTED_ARCHS = ("qwen2", "llama", "qwen3")
+_U64 = struct.Struct("<Q")
+# Parsed headers (version, metadata, data offset, tensors) by (path, size, mtime_ns): read-only.
+_PARSED: dict[tuple[str, int, int], tuple[int, dict[str, Any], int, dict[str, Any]]] = {}
 
 
 class GGUFError(ValueError):
@@ -82,6 +85,24 @@ class _Cursor:
         except UnicodeDecodeError as e:
             raise GGUFError(f"{self.path}: {what} is not valid UTF-8 ({e})") from None
 
+    def strings(self, count: int, what: str) -> list[str]:
+        """An array of count strings (the tokenizer's 150k tokens and merges): one tight loop."""
+        self.need(count * 8, what)  # every string needs at least its length prefix
+        buf, pos, size, read = self.buf, self.pos, self.size, _U64.unpack_from
+        raw = []
+        for _ in range(count):
+            end = pos + 8 + read(buf, pos)[0] if pos + 8 <= size else size + 1
+            if end > size:
+                self.pos = pos
+                self.string(what)  # raises the truncation error
+            raw.append(buf[pos + 8 : end])
+            pos = end
+        self.pos = pos
+        try:
+            return [r.decode("utf-8") for r in raw]
+        except UnicodeDecodeError as e:
+            raise GGUFError(f"{self.path}: {what} is not valid UTF-8 ({e})") from None
+
     def value(self, vtype: int, what: str) -> Any:
         if vtype == _STRING:
             return self.string(what)
@@ -104,8 +125,7 @@ class _Cursor:
             self.pos += count * dt.itemsize
             return arr.astype(bool).tolist() if itype == _BOOL else arr.tolist()
         if itype == _STRING:
-            self.need(count * 8, what)  # every string needs at least its length prefix
-            return [self.string(what) for _ in range(count)]
+            return self.strings(count, what)
         if itype == _ARRAY:
             self.need(count * 12, what)
             out = []
@@ -123,12 +143,20 @@ class GGUFFile:
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
+        """Parse the header, or reuse the parse of the same file (path, size, mtime) from one of
+        the last two opened: loading weights and building the tokenizer both read it."""
         self.path = os.fspath(path)
+        self._data: np.ndarray | None = None
         try:
             with open(self.path, "rb") as f:
-                self.file_size = os.fstat(f.fileno()).st_size
+                st = os.fstat(f.fileno())
+                self.file_size = st.st_size
                 if self.file_size == 0:
                     raise GGUFError(f"{self.path}: empty file, not a GGUF model")
+                key = (os.path.abspath(self.path), st.st_size, st.st_mtime_ns)
+                if key in _PARSED:
+                    self.version, self.metadata, self.data_offset, self.tensors = _PARSED[key]
+                    return
                 buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except OSError as e:
             raise GGUFError(f"{self.path}: cannot open GGUF file ({e.strerror or e})") from None
@@ -136,7 +164,9 @@ class GGUFFile:
             self._parse(_Cursor(buf, self.path))
         finally:
             buf.close()
-        self._data: np.ndarray | None = None
+        while len(_PARSED) >= 2:
+            del _PARSED[next(iter(_PARSED))]
+        _PARSED[key] = (self.version, self.metadata, self.data_offset, self.tensors)
 
     def _parse(self, c: _Cursor) -> None:
         c.need(4, "magic")

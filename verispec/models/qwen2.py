@@ -95,7 +95,10 @@ class DecoderLayer(nn.Module):
 class Backbone(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # No random init (build_model binds the weights): normal_ on the meta device would import
+        # torch._dynamo, 2.5 s of start-up.
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
+                                         _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -200,8 +203,7 @@ def build_model(cfg: ModelConfig, state_dict: dict[str, torch.Tensor], device, d
         _set_param(model, name, t.to(device=device, dtype=dtype))
     if missing:
         raise ValueError(f"checkpoint lacks {len(missing)} weights, e.g. {missing[:3]}")
-    rot = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
-    model.rotary = rot.to(device)
+    model.rotary.to(device)  # its tables were built on the CPU, not on the meta device
     return model.eval()
 
 

@@ -1,7 +1,9 @@
-"""CUDA graphs for decode / verify steps: capture once at start-up, replay with fresh metadata.
+"""CUDA graphs for decode / verify steps: capture each shape once, replay with fresh metadata.
 
 A graph is captured per (padded batch size, query length) for batch sizes 1, 2, 4, ..., max_batch
-and each query length (1 for decode, 1 + k for verify), all into one memory pool, largest first.
+and each query length (1 for decode, 1 + k for verify), all into one memory pool: at start-up,
+largest first, or with lazy=True each the first time run() needs it (start-up then captures
+nothing: the engine's default, as a full capture costs seconds before the first token).
 Every replay copies the step's metadata (input ids, positions, slot_mapping, query_start_loc,
 seq_lens, block_tables) into the static buffers the graph reads, so nothing from the capture (or a
 previous step) is stale; the attention backend must be triton_attention, which reads all per-step
@@ -18,6 +20,7 @@ last block of the cache; give the BlockManager num_blocks - 1).
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import NamedTuple
 
@@ -25,6 +28,8 @@ import torch
 
 from verispec.models.layers.attention import AttentionMetadata, reference_attention
 from verispec.models.qwen2 import CausalLM
+
+log = logging.getLogger("verispec")
 
 
 class GraphOutput(NamedTuple):
@@ -61,9 +66,11 @@ class CudaGraphRunner:
         with_logits: bool = False,
         progress: bool = True,
         capture: bool = True,
+        lazy: bool = False,
     ) -> None:
         """capture=False skips the graphs: run() then executes the same padded forward eagerly
-        (for CPU tests, and to tell padding problems from capture problems)."""
+        (for CPU tests, and to tell padding problems from capture problems). lazy=True captures
+        a shape on its first use (one device sync then) instead of all of them here."""
         if model.attn_fn is reference_attention:
             raise ValueError("CUDA graphs need model.attn_fn = triton_attention (the reference bakes host indices)")
         self.model, self.kv_caches = model, kv_caches
@@ -90,9 +97,10 @@ class CudaGraphRunner:
         self.logits = (
             torch.zeros(max_tokens, model.config.vocab_size, dtype=torch.float32, device=dev) if with_logits else None
         )
-        self.pool = None
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.lazy = capture and lazy
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, list[torch.Tensor]]] = {}
-        self.capture_seconds = self._capture_all(progress) if capture else 0.0
+        self.capture_seconds = self._capture_all(progress) if capture and not lazy else 0.0
 
     # ---- capture ---------------------------------------------------------------------------
     def _meta(self, b: int, q: int) -> AttentionMetadata:
@@ -127,25 +135,37 @@ class CudaGraphRunner:
 
         torch.cuda.synchronize()
         start = time.perf_counter()
-        self.pool = torch.cuda.graph_pool_handle()
         shapes = sorted(((b, q) for q in self.query_lens for b in self.batch_sizes), key=lambda s: -s[0] * s[1])
         for b, q in tqdm(shapes, desc="capturing CUDA graphs", disable=not progress):
-            self.query_start_loc[0] = 0
-            self._fill(0, b, q)
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):  # warm-up: Triton compiles, cuBLAS picks kernels
-                self._forward(b, q)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                hidden, captured = self._forward(b, q)
-            self.graphs[(b, q)] = (graph, hidden, captured)
+            self._capture(b, q, "global")
         torch.cuda.synchronize()
         secs = time.perf_counter() - start
         if progress:
             print(f"captured {len(shapes)} CUDA graphs (batch {self.batch_sizes} x query {self.query_lens}) in {secs:.1f}s")
         return secs
+
+    def _capture(self, b: int, q: int, error_mode: str) -> None:
+        """Capture shape (b, q) over padding rows only (their K/V go to the scratch block)."""
+        self.query_start_loc[0] = 0
+        self._fill(0, b, q)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up: Triton compiles, cuBLAS picks kernels
+            self._forward(b, q)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode=error_mode):
+            hidden, captured = self._forward(b, q)
+        self.graphs[(b, q)] = (graph, hidden, captured)
+
+    def _capture_now(self, b: int, q: int) -> None:
+        """A lazy capture in the middle of a run: waits for the device (torch.cuda.graph does);
+        thread_local, so another thread's CUDA calls (a server) do not break the capture."""
+        start = time.perf_counter()
+        self._capture(b, q, "thread_local")
+        torch.cuda.synchronize()
+        self.capture_seconds += time.perf_counter() - start
+        log.debug("captured CUDA graph (batch %d, query %d) in %.2fs", b, q, time.perf_counter() - start)
 
     # ---- replay ----------------------------------------------------------------------------
     def padded_batch(self, num_seqs: int) -> int | None:
@@ -172,6 +192,8 @@ class CudaGraphRunner:
             or meta.block_tables.shape[1] > self.max_blocks or meta.block_size != self.block_size
         ):
             return None
+        if self.lazy and (b, query_len) not in self.graphs:
+            self._capture_now(b, query_len)  # before staging the inputs: capturing rewrites the buffers
         self._fill(num_seqs, b, query_len)
         self.input_ids[:t].copy_(input_ids, non_blocking=True)
         self.positions[:t].copy_(positions, non_blocking=True)
@@ -179,10 +201,11 @@ class CudaGraphRunner:
         self.query_start_loc[: num_seqs + 1].copy_(meta.query_start_loc, non_blocking=True)
         self.seq_lens[:num_seqs].copy_(meta.seq_lens, non_blocking=True)
         self.block_tables[:num_seqs, : meta.block_tables.shape[1]].copy_(meta.block_tables, non_blocking=True)
-        if self.graphs:
-            graph, hidden, captured = self.graphs[(b, query_len)]
+        entry = self.graphs.get((b, query_len))
+        if entry is not None:
+            graph, hidden, captured = entry
             graph.replay()
-        else:
+        else:  # capture=False
             hidden, captured = self._forward(b, query_len)
         return GraphOutput(
             hidden[:t].clone(), [c[:t].clone() for c in captured],

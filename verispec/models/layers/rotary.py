@@ -14,9 +14,13 @@ class RotaryEmbedding(nn.Module):
     use_triton = False
 
     def __init__(self, head_dim: int, max_positions: int, theta: float) -> None:
+        """Tables on the default device, but on the CPU inside `with torch.device("meta")`
+        (build_model moves them; meta factory ops would import torch._dynamo: 2.5 s of start-up)."""
         super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-        t = torch.arange(max_positions, dtype=torch.float64)
+        dev = torch.get_default_device()
+        f64 = dict(dtype=torch.float64, device="cpu" if dev.type == "meta" else dev)
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, **f64) / head_dim))
+        t = torch.arange(max_positions, **f64)
         freqs = torch.outer(t, inv_freq)
         self.register_buffer("cos", freqs.cos().float(), persistent=False)
         self.register_buffer("sin", freqs.sin().float(), persistent=False)
