@@ -43,6 +43,9 @@ def test_extend_slots_and_tables():
         out: list[int] = []
         extend_slots(out, blocks, start, n, bs)
         assert out == [blocks[p // bs] * bs + p % bs for p in range(start, start + n)]
+        one: list[int] = [7]
+        extend_slots(one, blocks, start, 1, bs)  # the decode-row fast path
+        assert one == [7, blocks[start // bs] * bs + start % bs]
     assert padded_tables([[3, 4], [5]], 3) == [3, 4, 0, 5, 0, 0]
 
 

@@ -83,6 +83,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
+        bs = self.blocks.block_size
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
@@ -100,7 +101,8 @@ class Scheduler:
                     i += 1
                     continue
             num_new = min(num_new + k, budget)
-            if not self._allocate_or_preempt(req, self._blocks_for(req, num_new, short), out):
+            need = self._blocks_for(req, num_new, short)
+            if need > len(req.block_ids) * bs and not self._allocate_or_preempt(req, need, out):
                 continue  # req itself was preempted; the list shrank
             out.scheduled.append(ScheduledRequest(req, req.num_computed_tokens, num_new, k))
             budget -= num_new
@@ -262,13 +264,14 @@ class Scheduler:
             assert out[i] == PLACEHOLDER, "resolving a token that is not a placeholder"
             out[i] = tok
             new.append(tok)
-            if self._check_stop_at(req, i):
+            if self._check_stop(req, tok, i + 1):  # as if it were the last one committed
                 del out[i + 1 :]
                 break
         if req.finish_reason is None and req.pending_stop and PLACEHOLDER not in out:
             req.finish_reason = "length"
-        if req.finish_reason is None:
-            # Steps resolve in launch order, so no placeholder precedes this step's first token.
+        if req.finish_reason is None and req.num_computed_tokens // self.blocks.block_size > req.num_published_blocks:
+            # (Otherwise no block can be published.) Steps resolve in launch order, so no
+            # placeholder precedes this step's first token.
             self._publish(req, min(req.num_computed_tokens, self._known(req, s.output_base)))
         return new
 
@@ -282,10 +285,6 @@ class Scheduler:
 
     def _length_reached(self, req: Request) -> bool:
         return len(req.output_token_ids) >= req.max_tokens or req.num_tokens >= self.max_model_len
-
-    def _check_stop_at(self, req: Request, i: int) -> bool:
-        """Stop check for output token i (as if it were the last one committed)."""
-        return self._check_stop(req, req.output_token_ids[i], i + 1)
 
     def _check_stop(self, req: Request, tok: int, n: int | None = None) -> bool:
         """Stop check for tok as output token n - 1 (default: the last one)."""

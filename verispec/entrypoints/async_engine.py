@@ -2,7 +2,9 @@
 
 Handlers never touch the engine: they queue commands (add / abort) for the engine thread, which applies them
 between steps, runs `engine.step()` while there is work, waits on a condition variable when idle, and hands
-each RequestOutput to the owning request's asyncio queue with `loop.call_soon_threadsafe`.
+each RequestOutput to the owning request's asyncio queue: one `loop.call_soon_threadsafe` per event loop per
+step (each call wakes the loop through its self-pipe, so one per stream would cost a system call per request
+per step).
 """
 
 from __future__ import annotations
@@ -157,8 +159,11 @@ class AsyncEngine:
                 self._fail_all(EngineDeadError(f"engine error: {type(e).__name__}: {e}"))
                 continue
             now = time.monotonic()
+            batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, object]]] = {}
             for out in outputs:
-                self._deliver(out, now)
+                self._deliver(out, now, batches)
+            for loop, items in batches.items():
+                self._put_all(loop, items)
             self._publish_snapshot()
 
     def _apply(self, cmd: tuple) -> None:
@@ -181,7 +186,8 @@ class AsyncEngine:
         self._streams[rid] = stream
         fut.set_result(None)
 
-    def _deliver(self, out: RequestOutput, now: float) -> None:
+    def _deliver(self, out: RequestOutput, now: float, batches: dict) -> None:
+        """Book-keep one output and queue it in batches[its stream's loop] (sent after the step)."""
         stream = self._streams.get(out.request_id)
         if stream is None:
             return
@@ -194,7 +200,7 @@ class AsyncEngine:
                 ttft = stream.first_token - stream.arrival if stream.first_token is not None else None
                 reason = out.outputs[0].finish_reason if out.outputs else None
                 self.on_finish(RequestStats(ttft, now - stream.arrival, ntok, reason))
-        self._put(stream, out)
+        batches.setdefault(stream.loop, []).append((stream.queue, out))
 
     def _fail_all(self, err: BaseException, drain: bool = False) -> None:
         for rid, stream in list(self._streams.items()):
@@ -220,10 +226,21 @@ class AsyncEngine:
 
     @staticmethod
     def _put(stream: _Stream, item: object) -> None:
+        AsyncEngine._put_all(stream.loop, [(stream.queue, item)])
+
+    @staticmethod
+    def _put_all(loop: asyncio.AbstractEventLoop, items: list[tuple[asyncio.Queue, object]]) -> None:
+        """Put each item in its queue, in order, with one wake-up of their event loop."""
         try:
-            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
-        except RuntimeError:  # the request's event loop is closed: nobody is listening any more
+            loop.call_soon_threadsafe(_put_in_order, items)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
             pass
+
+
+def _put_in_order(items: list[tuple[asyncio.Queue, object]]) -> None:
+    """On the event loop: hand a step's outputs to their requests' queues."""
+    for queue, item in items:
+        queue.put_nowait(item)
 
 
 def _settle(fut: concurrent.futures.Future, err: BaseException) -> None:

@@ -85,6 +85,10 @@ def allocate_kv_cache(
 
 def extend_slots(out: list[int], block_ids: list[int], start: int, n: int, block_size: int) -> None:
     """Append the cache slots of positions [start, start + n): one range per block touched."""
+    if n == 1:  # a decode row: most rows of a large batch
+        blk, off = divmod(start, block_size)
+        out.append(block_ids[blk] * block_size + off)
+        return
     p, end = start, start + n
     while p < end:
         blk, off = divmod(p, block_size)
