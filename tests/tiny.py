@@ -134,11 +134,11 @@ def metadata_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta, scale: flo
         t0, t1 = qsl[b], qsl[b + 1]
         if t1 == t0 or sl <= 0:
             continue
-        pos = torch.arange(sl)
+        pos = torch.arange(sl, device=q.device)
         slots = meta.block_tables[b].long()[pos // bs] * bs + pos % bs
         k, v = (kv_cache[i][slots].float().repeat_interleave(rep, dim=1) for i in (0, 1))
         s = torch.einsum("qhd,lhd->hql", q[t0:t1].float(), k) * scale
-        qpos = sl - (t1 - t0) + torch.arange(t1 - t0)
+        qpos = sl - (t1 - t0) + torch.arange(t1 - t0, device=q.device)
         s = s.masked_fill(pos[None, None, :] > qpos[None, :, None], float("-inf"))
         p = torch.nan_to_num(torch.softmax(s, -1), nan=0.0)  # rows without a visible key: zeros
         out[t0:t1] = torch.einsum("hql,lhd->qhd", p, v).to(q.dtype)
