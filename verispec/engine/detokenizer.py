@@ -128,7 +128,8 @@ class IncrementalDetokenizer:
 
     # ----------------------------------------------------------------- decoding
     def _decode(self, start: int, end: int) -> str:
-        return self._tok.decode(self._ids[start:end], skip_special_tokens=self._skip)
+        ids = self._ids if start == 0 and end == len(self._ids) else self._ids[start:end]
+        return self._tok.decode(ids, skip_special_tokens=self._skip)
 
     def _settle(self, final: bool) -> str:
         """New settled text of the window; slide the window when its text is complete."""

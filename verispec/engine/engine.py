@@ -44,7 +44,10 @@ class _Group:
 
     def finished(self) -> bool:
         """True once every sequence of the request has finished."""
-        return all(s.status is Status.FINISHED for s in self.seqs)
+        for s in self.seqs:  # (no generator: this runs for every request in every step)
+            if s.status is not Status.FINISHED:
+                return False
+        return True
 
 
 class LLMEngine:

@@ -7,7 +7,9 @@ Host mirrors in this engine, and when each is stale:
   - Request.output_token_ids: entries equal to PLACEHOLDER stand for tokens that a launched step
     produced on the device but whose values have not been collected yet. Lifetime: from the
     step's launch (optimistic commit) until StepHandle.collect() replaces them. Readers: the
-    detokenizer, stop checks, host proposers (ngram) and penalties — only after collect().
+    detokenizer, stop checks, host proposers (ngram) and penalties — only after collect();
+    the RequestOutputs built while a step is in flight (LLMEngine._completion), which list only
+    the known prefix (placeholders always trail: steps resolve in launch order).
   - Request.spec_token_ids: in the overlapped loop, draft ids proposed on the device are
     PLACEHOLDER on the host; the engine fills them in (LLMEngine._collect_drafts) only before a
     step with penalty requests, whose penalties count the drafts. The verifier must read the
