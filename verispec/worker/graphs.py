@@ -183,7 +183,8 @@ class CudaGraphRunner:
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, num_seqs: int, query_len: int
     ) -> GraphOutput | None:
         """Replay the graph for a batch of num_seqs sequences of exactly query_len new tokens each;
-        None when no graph fits (the caller runs the model eagerly). No host sync."""
+        None when no graph fits (the caller runs the model eagerly). No host sync (but a lazy
+        capture, once per shape)."""
         b = self.padded_batch(num_seqs)
         t = num_seqs * query_len
         if (
