@@ -3,9 +3,10 @@
 Context cache. Each drafter layer keeps the K/V of the context (target features of committed
 tokens) in a paged cache that mirrors the target's: slot = block_id * block_size + offset, so the
 target's block tables address it. Per request the proposer keeps `consumed`: positions below it hold
-drafter K/V. observe() consumes the captured target rows of positions < num_computed_tokens it has
-not seen yet; rejected drafts sit at positions >= num_computed_tokens, so they are never consumed
-and rollback needs nothing (positions past `consumed` are overwritten later).
+drafter K/V. observe() takes note of the captured target rows of positions < num_computed_tokens
+it has not seen yet, and the next propose() writes their K/V (inside the drafting step, see
+spec/dflash_step.py); rejected drafts sit at positions >= num_computed_tokens, so they are never
+consumed and rollback needs nothing (positions past `consumed` are overwritten later).
 
 Prefix caching. A position's context K/V depend only on the tokens up to it, so a full block the
 drafter wrote is valid for any request whose prefix (chain hash of token ids) is the same. The
