@@ -322,7 +322,7 @@ class LLMEngine:
             if g.defer_text and reason != "abort":  # an aborted request's text is never read
                 g.texts[req.index] += detok.add_tokens(check_fresh(req.output_token_ids, "output_token_ids"))
             g.texts[req.index] += detok.flush()
-            if all(s.is_finished for s in g.seqs) and reason != "abort":
+            if g.finished() and reason != "abort":
                 self.num_requests_finished += 1
 
     def _outputs(self, touched: dict[str, _Group]) -> list[RequestOutput]:

@@ -115,7 +115,7 @@ class DFlashProposer(Proposer):
         graph_max_batch > 0: capture CUDA graphs of the drafting step up to that batch (CUDA only)."""
         cfg = drafter.config
         super().__init__(min(num_speculative_tokens, cfg.block_size - 1))
-        self.drafter, self.target, self.cfg = drafter, target, cfg
+        self.drafter, self.target = drafter, target
         self.device, self.dtype, self.seed = torch.device(device), dtype, seed
         self.capture_layers = tuple(cfg.target_layers)
         self.kv: list[torch.Tensor] = []  # per layer [2, slots, KH, D]

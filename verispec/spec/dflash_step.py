@@ -31,7 +31,7 @@ import torch
 from verispec.models.layers.attention import AttentionMetadata, build_reference_indices, reference_attention
 from verispec.models.qwen2 import CausalLM
 from verispec.spec.dflash_model import DFlashDrafter
-from verispec.worker.graphs import graph_batch_sizes
+from verispec.worker.graphs import capture_graph, graph_batch_sizes
 from verispec.worker.inputs import Staging
 from verispec.worker.token_state import PLACEHOLDER, Owner, gather_plan
 
@@ -51,7 +51,7 @@ class DraftRow:
 
 
 class _Layout:
-    """Offsets of one batch size's sections in the static int64 buffer, and their views."""
+    """Views of one batch size's sections in the static int64 buffer (laid out end to end)."""
 
     NAMES = ("ctx_pos", "ctx_slot", "blk_ids", "blk_pos", "blk_slot", "qsl", "seq_lens", "kv_start", "tables")
 
@@ -63,7 +63,6 @@ class _Layout:
         for name, n in zip(self.NAMES, sizes, strict=True):
             self.views[name] = buf[o : o + n]
             o += n
-        self.offsets = dict(zip(self.NAMES, [sum(sizes[:i]) for i in range(len(sizes))], strict=True))
 
 
 class DFlashStepRunner:
@@ -210,13 +209,5 @@ class DFlashStepRunner:
             sec, _ = self._host_sections([], b)
             lay = self._layout(b)
             self.ints[: lay.size].copy_(torch.tensor([x for n in _Layout.NAMES for x in sec[n]], dtype=torch.long))
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):  # warm-up: Triton compiles, cuBLAS picks kernels
-                self._forward(b)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                out = self._forward(b)
-            self.graphs[b] = (graph, out)
+            self.graphs[b] = capture_graph(lambda b=b: self._forward(b), pool)
         torch.cuda.synchronize()

@@ -32,6 +32,20 @@ from verispec.models.qwen2 import CausalLM
 log = logging.getLogger("verispec")
 
 
+def capture_graph(forward, pool, error_mode: str = "global"):
+    """Warm forward() up on a side stream (Triton compiles, cuBLAS picks kernels), then capture it
+    into a CUDA graph in `pool`. Returns (graph, forward's outputs: the graph's static outputs)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        forward()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode=error_mode):
+        out = forward()
+    return graph, out
+
+
 class GraphOutput(NamedTuple):
     """A replay's results for the real tokens. hidden/captured are private copies; logits (only
     with with_logits) is a view of a static buffer, valid until the next run: index it at once."""
@@ -148,14 +162,7 @@ class CudaGraphRunner:
         """Capture shape (b, q) over padding rows only (their K/V go to the scratch block)."""
         self.query_start_loc[0] = 0
         self._fill(0, b, q)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up: Triton compiles, cuBLAS picks kernels
-            self._forward(b, q)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode=error_mode):
-            hidden, captured = self._forward(b, q)
+        graph, (hidden, captured) = capture_graph(lambda: self._forward(b, q), self.pool, error_mode)
         self.graphs[(b, q)] = (graph, hidden, captured)
 
     def _capture_now(self, b: int, q: int) -> None:
