@@ -106,12 +106,15 @@ def test_spec_dflash_random_drafter(tmp_path):
         assert r["output_tokens"] == 12 and r["mismatches"] == 0
         if method == "dflash":
             assert r["k"] == 15 and r["num_drafts"] > 0 and len(r["acceptance_per_pos"]) == 15
-    if local_gguf("qwen2.5-coder-0.5b-instruct") is not None:  # text prompts need the real tokenizer
-        text = tmp_path / "t.jsonl"
-        text.write_text('{"prompt": "def add(a, b):\\n"}\n')
-        res = _bench(tmp_path, "spec", "--prompts", str(text), "--batch-sizes", "1", "--output-len", "3",
-                     "--methods", "none,ngram", "--chat", shapes="{" + SHAPES + "}")
-        assert res["prompts"].endswith("(chat template)") and res["rows"][0]["output_tokens"] == 3
+
+
+def test_spec_chat_prompts(tmp_path, qwen05_path):
+    """--chat renders text prompts with the real tokenizer's chat template (random weights, real shapes)."""
+    text = tmp_path / "t.jsonl"
+    text.write_text('{"prompt": "def add(a, b):\\n"}\n')
+    res = _bench(tmp_path, "spec", "--model", str(qwen05_path), "--prompts", str(text), "--batch-sizes", "1",
+                 "--output-len", "3", "--methods", "none,ngram", "--chat", shapes="{" + SHAPES + "}")
+    assert res["prompts"].endswith("(chat template)") and res["rows"][0]["output_tokens"] == 3
 
 
 def test_prompts_file_and_humaneval_export(tmp_path):
