@@ -15,8 +15,10 @@ def tol(dtype: torch.dtype) -> dict:
     return dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
 
 
-def rand(*shape, seed: int, device: str, dtype: torch.dtype) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(device, dtype)
+def rand(*shape, seed: int, device: str, dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
+    """Random values made (and scaled) on the CPU, then copied: a weight must not be written by the
+    kernel launched right before a PDL kernel that reads it before its wait (kernels/pdl.py)."""
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale).to(device, dtype)
 
 
 @pytest.mark.parametrize("device,dtype", [CPU, GPU])
@@ -24,7 +26,7 @@ def rand(*shape, seed: int, device: str, dtype: torch.dtype) -> torch.Tensor:
 @pytest.mark.parametrize("bias", [False, True])
 def test_skinny_linear(device, dtype, m, n, k, bias):
     x = rand(m, k, seed=m * 7 + n, device=device, dtype=dtype)
-    w = rand(n, k, seed=k, device=device, dtype=dtype) * k**-0.5
+    w = rand(n, k, seed=k, device=device, dtype=dtype, scale=k**-0.5)
     b = rand(n, seed=n, device=device, dtype=dtype) if bias else None
     out = lin.skinny_linear(x, w, b)
     assert out.shape == (m, n) and not out.isnan().any()
@@ -35,7 +37,7 @@ def test_skinny_linear(device, dtype, m, n, k, bias):
 @pytest.mark.parametrize("m,inter,k", [(1, 35, 129), (2, 64, 100), (7, 19, 300)])
 def test_gate_up_silu(device, dtype, m, inter, k):
     x = rand(m, k, seed=m, device=device, dtype=dtype)
-    w = rand(2 * inter, k, seed=inter, device=device, dtype=dtype) * k**-0.5
+    w = rand(2 * inter, k, seed=inter, device=device, dtype=dtype, scale=k**-0.5)
     out = lin.skinny_linear(x, w, silu_mul=True)
     assert out.shape == (m, inter)
     torch.testing.assert_close(out.float(), lin.skinny_linear_ref(x, w, silu_mul=True).float(), **tol(dtype))
@@ -46,7 +48,7 @@ def test_strided_rows_and_wide_output(device, dtype):
     """x may be a row-strided view (e.g. gathered hidden rows); a wide N uses the bigger column tile."""
     base = rand(4, 300, seed=1, device=device, dtype=dtype)
     x = base[::2, :260]
-    w = rand(5000, 260, seed=2, device=device, dtype=dtype) * 260**-0.5
+    w = rand(5000, 260, seed=2, device=device, dtype=dtype, scale=260**-0.5)
     torch.testing.assert_close(lin.skinny_linear(x, w).float(), lin.skinny_linear_ref(x, w).float(), **tol(dtype))
 
 
@@ -56,3 +58,39 @@ def test_dispatch_falls_back_to_torch_on_cpu():
     gu = torch.randn(10, 8)
     want = torch.nn.functional.silu(x @ gu[:5].T) * (x @ gu[5:].T)
     torch.testing.assert_close(lin.gate_up_silu(x, gu), want)
+
+
+@pytest.mark.parametrize("device,dtype", [CPU, GPU])
+@pytest.mark.parametrize("m,n,k", [(1, 37, 129), (1, 301, 1000), (3, 45, 77), (4, 33, 2600), (2, 9, 530)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_gemv(device, dtype, m, n, k, bias):
+    """The weight-resident GEMV (odd N and K: masked rows and a padded K) against the reference."""
+    x = rand(m, k, seed=m * 5 + n, device=device, dtype=dtype)
+    w = rand(n, k, seed=k + 1, device=device, dtype=dtype, scale=k**-0.5)
+    b = rand(n, seed=n + 2, device=device, dtype=dtype) if bias else None
+    out = lin.gemv(x, w, b)
+    assert out.shape == (m, n) and not out.isnan().any()
+    torch.testing.assert_close(out.float(), lin.skinny_linear_ref(x, w, b).float(), **tol(dtype))
+
+
+@pytest.mark.parametrize("device,dtype", [CPU, GPU])
+@pytest.mark.parametrize("m,inter,k", [(1, 35, 129), (3, 19, 300), (2, 50, 2100)])
+def test_gemv_silu_mul_and_strided_rows(device, dtype, m, inter, k):
+    base = rand(2 * m, k + 7, seed=inter, device=device, dtype=dtype)
+    x = base[::2, :k]  # row-strided view
+    w = rand(2 * inter, k, seed=k, device=device, dtype=dtype, scale=k**-0.5)
+    out = lin.gemv(x, w, silu_mul=True)
+    assert out.shape == (m, inter)
+    torch.testing.assert_close(out.float(), lin.skinny_linear_ref(x, w, silu_mul=True).float(), **tol(dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_dispatch_on_cuda_picks_gemv_for_one_row():
+    x1 = torch.zeros(1, 1536, device="cuda", dtype=torch.bfloat16)
+    x8 = torch.zeros(8, 1536, device="cuda", dtype=torch.bfloat16)
+    assert lin._pick(x1, torch.zeros(2048, 1536, device="cuda")) == "gemv"
+    assert lin._pick(x1, torch.zeros(151936, 1536, device="cuda")) == "gemv"
+    assert lin._pick(x8, torch.zeros(2048, 1536, device="cuda")) == "skinny"
+    x8k = torch.zeros(8, 8960, device="cuda", dtype=torch.bfloat16)
+    assert lin._pick(x8k, torch.zeros(1536, 8960, device="cuda")) == "torch"  # K >> N: cuBLAS splits K

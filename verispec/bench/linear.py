@@ -2,11 +2,11 @@
 
 For each of the model's weight shapes (fused qkv, o, fused gate_up with SiLU-and-mul, down, lm_head)
 and each row count M, times torch (F.linear, plus the separate SiLU-and-mul kernel for gate_up) and
-verispec's path (verispec.kernels.linear: the skinny Triton kernel for M <= SKINNY_MAX_ROWS, else
-torch). Each timed call reads a different copy of the weight (copies totalling > 4x the L2 cache),
+verispec's path (verispec.kernels.linear: the weight-resident GEMV for M <= GEMV_MAX_ROWS, the skinny
+Triton kernel up to SKINNY_MAX_ROWS where it wins, else torch). Each timed call reads a different copy of the weight (copies totalling > 4x the L2 cache),
 so the figures are HBM bandwidth, not cache bandwidth; the calls are replayed from a CUDA graph, as
 in the engine, so they are GPU time without Python launch overhead. --sweep also tries a grid of tile sizes for
-the skinny kernel and prints the best per shape (how skinny_config's table was chosen).
+the skinny kernel and the GEMV and prints the best of each per shape (how their tables were chosen).
 """
 
 from __future__ import annotations
@@ -64,6 +64,24 @@ def _sweep_configs(m: int) -> list[dict]:
             for bm, bn, bk, w, s, d in grid]
 
 
+def _gemv_configs() -> list[dict]:
+    return [dict(BLOCK_N=bn, num_warps=w) for bn, w in itertools.product([1, 2, 4], [2, 4, 8, 16])]
+
+
+def _best(kernel, configs: list[dict], x: torch.Tensor, silu: bool, weights: list[torch.Tensor],
+          iters: int) -> tuple[float, dict] | None:
+    """The fastest (seconds, config) of `kernel` over `configs` (configs that fail to compile skipped)."""
+    best = None
+    for c in configs:
+        try:
+            t = _time(lambda w, c=c: kernel(x, w, silu_mul=silu, config=c), weights, iters)
+        except Exception:  # noqa: BLE001 - a tile that does not compile (out of resources)
+            continue
+        if best is None or t < best[0]:
+            best = (t, c)
+    return best
+
+
 def run_linear(cfg: ModelConfig, rows: list[int], device: torch.device, dtype: torch.dtype, sweep: bool,
                iters: int = 100) -> list[dict]:
     """One result row per (shape, M): torch and verispec seconds and GB/s (and the best swept config)."""
@@ -90,17 +108,12 @@ def run_linear(cfg: ModelConfig, rows: list[int], device: torch.device, dtype: t
                        torch_gbs=wbytes / t_torch / 1e9, ours_gbs=wbytes / t_ours / 1e9,
                        ours_hw=wbytes / t_ours / HBM_BYTES_PER_S, speedup=t_torch / t_ours)
             if sweep and m <= lin.SKINNY_MAX_ROWS:
-                best = None
-                for c in _sweep_configs(m):
-                    try:
-                        t = _time(lambda w, c=c, x=x, s=silu: lin.skinny_linear(x, w, silu_mul=s, config=c), weights, iters // 2)
-                    except Exception:  # noqa: BLE001 - a tile that does not compile (out of resources)
-                        continue
-                    if best is None or t < best[0]:
-                        best = (t, c)
-                if best:
-                    row["best_us"], row["best_config"] = best[0] * 1e6, best[1]
-                    row["best_gbs"] = wbytes / best[0] / 1e9
+                for prefix, kernel, configs in (("best", lin.skinny_linear, _sweep_configs(m)),
+                                                ("gemv_best", lin.gemv, _gemv_configs())):
+                    best = _best(kernel, configs, x, silu, weights, iters // 2)
+                    if best:
+                        row[f"{prefix}_us"], row[f"{prefix}_config"] = best[0] * 1e6, best[1]
+                        row[f"{prefix}_gbs"] = wbytes / best[0] / 1e9
             out.append(row)
             print(_fmt(row), flush=True)
         del weights
@@ -113,5 +126,7 @@ def _fmt(r: dict) -> str:
          f"{r['torch_gbs']:7.0f} GB/s | ours {r['ours_us']:8.1f} us {r['ours_gbs']:7.0f} GB/s "
          f"({100 * r['ours_hw']:.0f}% of 4.3 TB/s, x{r['speedup']:.2f})")
     if "best_config" in r:
-        s += f" | best {r['best_us']:.1f} us {r['best_gbs']:.0f} GB/s {r['best_config']}"
+        s += f" | best skinny {r['best_us']:.1f} us {r['best_gbs']:.0f} GB/s {r['best_config']}"
+    if "gemv_best_config" in r:
+        s += f" | best gemv {r['gemv_best_us']:.1f} us {r['gemv_best_gbs']:.0f} GB/s {r['gemv_best_config']}"
     return s

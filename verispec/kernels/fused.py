@@ -23,20 +23,23 @@ if not torch.cuda.is_available():
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from verispec.kernels.pdl import launch_kwargs, wait_prior  # noqa: E402
+
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, rout_ptr, n_cols, eps,
-                     HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+                     HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK)
     ok = c < n_cols
+    w = tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
+    wait_prior(PDL)
     x = tl.load(x_ptr + row * n_cols + c, mask=ok, other=0.0)
     if HAS_RES:
         x = (x.to(tl.float32) + tl.load(r_ptr + row * n_cols + c, mask=ok, other=0.0).to(tl.float32)).to(x.dtype)
         tl.store(rout_ptr + row * n_cols + c, x, mask=ok)
     xf = x.to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / n_cols + eps)
-    w = tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * n_cols + c, (xf * inv * w).to(out_ptr.dtype.element_ty), mask=ok)
 
 
@@ -54,7 +57,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     if x2.shape[0]:
         _rms_norm_kernel[(x2.shape[0],)](
             x2, r2, weight, out, rout, n, eps, HAS_RES=residual is not None,
-            BLOCK=triton.next_power_of_2(n), num_warps=4 if n <= 4096 else 8,
+            BLOCK=triton.next_power_of_2(n), num_warps=4 if n <= 4096 else 8, **launch_kwargs(x.device),
         )
     if residual is None:
         return out.view(shape)
@@ -85,7 +88,8 @@ def _rotate_heads(x_ptr, t, stride_t, stride_h, n_heads, cos, sin, H_PAD: tl.con
 
 @triton.jit
 def _rotary_kernel(pos_ptr, q_ptr, k_ptr, cos_ptr, sin_ptr, stride_qt, stride_qh, stride_kt, stride_kh,
-                   n_q, n_k, QH_PAD: tl.constexpr, KH_PAD: tl.constexpr, HALF: tl.constexpr):
+                   n_q, n_k, QH_PAD: tl.constexpr, KH_PAD: tl.constexpr, HALF: tl.constexpr, PDL: tl.constexpr):
+    wait_prior(PDL)
     t = tl.program_id(0).to(tl.int64)
     p = tl.load(pos_ptr + t).to(tl.int64)
     d = tl.arange(0, HALF)[None, :]
@@ -104,7 +108,7 @@ def rotary_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torc
         _rotary_kernel[(num_tokens,)](
             positions, q, k, cos, sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
             num_q, k.shape[1], QH_PAD=triton.next_power_of_2(num_q),
-            KH_PAD=triton.next_power_of_2(k.shape[1]), HALF=head_dim // 2, num_warps=4,
+            KH_PAD=triton.next_power_of_2(k.shape[1]), HALF=head_dim // 2, num_warps=4, **launch_kwargs(q.device),
         )
     return q, k
 
@@ -113,8 +117,10 @@ def rotary_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torc
 def _rotary_write_kv_kernel(pos_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, cache_ptr, slot_ptr,
                             stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                             stride_c, stride_cs, stride_ch, n_q,
-                            NUM_KV: tl.constexpr, QH_PAD: tl.constexpr, KH_PAD: tl.constexpr, HALF: tl.constexpr):
+                            NUM_KV: tl.constexpr, QH_PAD: tl.constexpr, KH_PAD: tl.constexpr, HALF: tl.constexpr,
+                            PDL: tl.constexpr):
     """Rotate q in place; rotate k and store it with v into the token's cache slot (slot < 0: skip)."""
+    wait_prior(PDL)
     t = tl.program_id(0).to(tl.int64)
     p = tl.load(pos_ptr + t).to(tl.int64)
     d = tl.arange(0, HALF)[None, :]
@@ -147,7 +153,7 @@ def rotary_write_kv_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
             positions, q, k, v, cos, sin, kv_cache, slot_mapping, q.stride(0), q.stride(1), k.stride(0),
             k.stride(1), v.stride(0), v.stride(1), kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
             num_q, NUM_KV=k.shape[1], QH_PAD=triton.next_power_of_2(num_q),
-            KH_PAD=triton.next_power_of_2(k.shape[1]), HALF=head_dim // 2, num_warps=4,
+            KH_PAD=triton.next_power_of_2(k.shape[1]), HALF=head_dim // 2, num_warps=4, **launch_kwargs(q.device),
         )
 
 
@@ -163,7 +169,8 @@ def rotary_ref(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: t
 
 
 @triton.jit
-def _silu_mul_kernel(g_ptr, u_ptr, out_ptr, n_cols, stride_g, stride_u, BLOCK: tl.constexpr):
+def _silu_mul_kernel(g_ptr, u_ptr, out_ptr, n_cols, stride_g, stride_u, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    wait_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = c < n_cols
@@ -185,7 +192,7 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     block = min(1024, triton.next_power_of_2(n))
     if g2.shape[0]:
         _silu_mul_kernel[(g2.shape[0], triton.cdiv(n, block))](
-            g2, u2, out, n, g2.stride(0), u2.stride(0), BLOCK=block, num_warps=4,
+            g2, u2, out, n, g2.stride(0), u2.stride(0), BLOCK=block, num_warps=4, **launch_kwargs(gate.device),
         )
     return out.view(gate.shape)
 

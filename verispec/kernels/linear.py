@@ -1,20 +1,22 @@
-"""Skinny linear layers: y = x @ W^T (+ bias) for few rows of x, streaming W once at full bandwidth.
+"""Linear layers for few rows of x: y = x @ W^T (+ bias), streaming W once at full bandwidth.
 
-At batch-1 decode a linear layer is a matrix-vector product bound by reading W. These kernels
-split the output into narrow column blocks (many programs, each reading its rows of W exactly once)
-and reduce over K in float32. Measured on the H200 inside CUDA graphs (`verispec bench linear`,
-docs/BENCHMARKS.md), 1.5B shapes at one row: o_proj 4.0 us vs cuBLAS 6.3, qkv 4.1 vs 5.0 (both
-still latency-bound at ~1.2-1.5 TB/s), gate_up + SiLU-mul 15.4 vs 17.8 (3.6 TB/s); cuBLAS keeps
-down_proj and the LM head, where it is as fast or faster (skinny_config returns None there).
+At batch-1 decode a linear layer is a matrix-vector product bound by reading W. Two Triton kernels:
+  * _gemv_kernel (one row, every layer including the LM head): each program holds its 1-2 rows of W
+    entirely in registers, loaded before it waits for the previous kernel (programmatic dependent
+    launch, see kernels/pdl.py), so the weight stream overlaps the previous kernel's tail. On the
+    H200 in a chain of launches (`verispec bench linear`, docs/BENCHMARKS.md, 1.5B shapes): qkv
+    2.9 us, o 2.4, gate_up + SiLU-mul 14.6 (3.8 TB/s), down 8.4 (cuBLAS 11.2), LM head 103 (109).
+  * _skinny_kernel (2..SKINNY_MAX_ROWS rows): narrow column blocks, K looped in tiles; cuBLAS keeps
+    down_proj and the LM head there (skinny_config returns None).
 Epilogues fuse what follows:
   * bias add (Qwen2's q/k/v projection);
   * SiLU-and-mul for a fused [gate; up] weight (the MLP's first projection): the program reads
     the gate rows and the matching up rows and writes silu(gate) * up directly.
 
-linear(x, w, b) and gate_up_silu(x, w) pick the kernel for CUDA tensors with at most
-SKINNY_MAX_ROWS rows and fall back to torch otherwise; the *_ref functions are the torch
-references the tests compare against. Rounding: one float32 accumulation per output, rounded once
-to x.dtype (the fused SiLU-and-mul skips the intermediate rounding of gate and up).
+linear(x, w, b) and gate_up_silu(x, w) pick the kernel for CUDA tensors and fall back to torch
+otherwise; the *_ref functions are the torch references the tests compare against. Rounding: one
+float32 accumulation per output, rounded once to x.dtype (the fused SiLU-and-mul skips the
+intermediate rounding of gate and up).
 """
 
 from __future__ import annotations
@@ -30,7 +32,48 @@ if not torch.cuda.is_available():
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from verispec.kernels.pdl import launch_kwargs, wait_prior  # noqa: E402
+
 SKINNY_MAX_ROWS = 16  # above this many rows, cuBLAS tiles well enough
+# One row (batch-1 decode): the weight-resident GEMV for every layer, the LM head included. At 4 rows
+# it lost to cuBLAS on gate_up and down (27.0 / 15.1 us vs 18.1 / 11.4, `bench linear --sweep`).
+GEMV_MAX_ROWS = 1
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, w_ptr, b_ptr, out_ptr, M, N_OUT, UP_OFFSET, stride_xm, stride_wn, stride_om,
+    K: tl.constexpr, K_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, PDL: tl.constexpr,
+):
+    """out[m, n] = sum_k x[m, k] w[n, k] (+ b[n]) for m < M (few rows); SILU_MUL as _skinny_kernel.
+
+    Each program loads its whole weight slice [BLOCK_N, K] into registers first (every load in
+    flight at once, and before the PDL wait, so the weights stream while the previous kernel
+    finishes), then reads the rows of x and reduces over K in float32."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k = tl.arange(0, K_PAD)
+    n_ok = n < N_OUT
+    k_ok = k < K
+    w_mask = n_ok[:, None] & k_ok[None, :]
+    w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn + k[None, :]
+    w = tl.load(w_rows, mask=w_mask, other=0.0)
+    wu = w
+    if SILU_MUL:
+        wu = tl.load(w_rows + UP_OFFSET * stride_wn, mask=w_mask, other=0.0)
+    bias = tl.zeros([BLOCK_N], tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
+    wait_prior(PDL)
+    m = 0
+    while m < M:  # a while loop: the interpreter cannot take a tensor bound in range()
+        x = tl.load(x_ptr + m * stride_xm + k, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+        acc = tl.sum(w.to(tl.float32) * x, axis=1) + bias
+        if SILU_MUL:
+            up = tl.sum(wu.to(tl.float32) * x, axis=1)
+            acc = acc / (1.0 + tl.exp(-acc)) * up
+        tl.store(out_ptr + m * stride_om + n, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
+        m += 1
 
 
 @triton.jit
@@ -38,9 +81,10 @@ def _skinny_kernel(
     x_ptr, w_ptr, b_ptr, out_ptr, M, N_OUT, UP_OFFSET,
     stride_xm, stride_wn, stride_om, K: tl.constexpr,
     HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, USE_DOT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
     """out[m, n] = sum_k x[m, k] w[n, k] (+ b[n]); SILU_MUL: silu(that) * (same with row n + UP_OFFSET)."""
+    wait_prior(PDL)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     n_ok = n < N_OUT
@@ -105,7 +149,37 @@ def skinny_linear(
     _skinny_kernel[grid](
         x, weight, bias if bias is not None else weight, out, m, n_out, n_out if silu_mul else 0,
         x.stride(0), weight.stride(0), out.stride(0), K=k,
-        HAS_BIAS=bias is not None, SILU_MUL=silu_mul, **cfg,
+        HAS_BIAS=bias is not None, SILU_MUL=silu_mul, **cfg, **launch_kwargs(x.device),
+    )
+    return out
+
+
+def gemv_config(n_out: int, k: int, silu_mul: bool = False) -> dict:
+    """Tiles for _gemv_kernel: each thread holds ~64 weight elements (1 or 2 output rows of the
+    padded K per program, 2-16 warps). On the H200 (`bench linear --sweep`, 1.5B shapes, one row)
+    this is the best or within 0.1 us of it for qkv, o, gate_up, down and the LM head."""
+    k_pad = triton.next_power_of_2(k)
+    per_row = k_pad * (2 if silu_mul else 1)
+    block_n = 2 if per_row <= 2048 else 1
+    return dict(BLOCK_N=block_n, num_warps=max(2, min(16, block_n * per_row // (64 * 32))))
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, silu_mul: bool = False,
+         config: dict | None = None) -> torch.Tensor:
+    """The weight-resident Triton GEMV: x [M, K] (few rows, last dim contiguous) times weight
+    [N, K]^T -> [M, N] (or [M, N/2] with silu_mul, where weight stacks [gate; up])."""
+    m, k = x.shape
+    n = weight.shape[0]
+    assert weight.shape[1] == k and weight.stride(1) == 1 and x.stride(1) == 1
+    n_out = n // 2 if silu_mul else n
+    out = torch.empty(m, n_out, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    cfg = dict(config or gemv_config(n_out, k, silu_mul))
+    _gemv_kernel[(triton.cdiv(n_out, cfg["BLOCK_N"]),)](
+        x, weight, bias if bias is not None else weight, out, m, n_out, n_out if silu_mul else 0,
+        x.stride(0), weight.stride(0), out.stride(0), K=k, K_PAD=triton.next_power_of_2(k),
+        HAS_BIAS=bias is not None, SILU_MUL=silu_mul, **cfg, **launch_kwargs(x.device),
     )
     return out
 
@@ -114,23 +188,32 @@ def skinny_linear(
 _FALLBACK = dict(USE_DOT=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=128, num_warps=4, num_stages=3)
 
 
-def _skinny(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False) -> bool:
+def _pick(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False) -> str:
+    """Which path an x [M, K] @ weight^T takes: "gemv", "skinny" or "torch"."""
     if not (x.is_cuda and x.dim() == 2 and 0 < x.shape[0] <= SKINNY_MAX_ROWS and x.stride(1) == 1):
-        return False
+        return "torch"
     n_out = weight.shape[0] // 2 if silu_mul else weight.shape[0]
-    return skinny_config(x.shape[0], n_out, x.shape[1], silu_mul) is not None
+    if x.shape[0] <= GEMV_MAX_ROWS:
+        return "gemv"
+    return "skinny" if skinny_config(x.shape[0], n_out, x.shape[1], silu_mul) is not None else "torch"
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear, through the skinny kernel where it pays (CUDA, few rows, a shape it wins on)."""
-    if _skinny(x, weight):
+    """F.linear, through a Triton kernel where it pays (CUDA, few rows, a shape it wins on)."""
+    path = _pick(x, weight)
+    if path == "gemv":
+        return gemv(x, weight, bias)
+    if path == "skinny":
         return skinny_linear(x, weight, bias)
     return F.linear(x, weight, bias)
 
 
 def gate_up_silu(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
     """silu(x @ gate^T) * (x @ up^T) for gate_up = [gate; up] stacked along the output dim."""
-    if _skinny(x, gate_up, silu_mul=True):
+    path = _pick(x, gate_up, silu_mul=True)
+    if path == "gemv":
+        return gemv(x, gate_up, silu_mul=True)
+    if path == "skinny":
         return skinny_linear(x, gate_up, silu_mul=True)
     y = F.linear(x, gate_up)
     inter = gate_up.shape[0] // 2

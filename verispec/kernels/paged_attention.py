@@ -35,6 +35,7 @@ if not torch.cuda.is_available():
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from verispec.kernels.pdl import launch_kwargs, wait_prior  # noqa: E402
 from verispec.models.layers.attention import AttentionMetadata  # noqa: E402
 
 MAX_SPLITS = 32
@@ -74,8 +75,10 @@ def _attn_kernel(
     NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     DOT_PREC: tl.constexpr, WHILE_LOOP: tl.constexpr, CAUSAL: tl.constexpr, HAS_KV_START: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
+    wait_prior(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     qt = tl.program_id(2) // NUM_SPLITS
@@ -148,8 +151,10 @@ def _attn_kernel(
 def _combine_kernel(
     out_ptr, po_ptr, pm_ptr, pl_ptr, num_tokens, stride_ot, stride_oh,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLIT_PAD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Merge the split-K partials of one (token, head): [S] (m, l) and [S, D] acc."""
+    wait_prior(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     s = tl.arange(0, SPLIT_PAD)
@@ -243,12 +248,13 @@ def triton_attention(
         BLOCK_N=block_n, HEAD_DIM=head_dim, PAGE=meta.block_size, NUM_SPLITS=num_splits,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", WHILE_LOOP=_INTERPRET,
         CAUSAL=meta.causal, HAS_KV_START=meta.kv_start is not None, num_warps=4, num_stages=3,
+        **launch_kwargs(q.device),
     )
     if num_splits > 1:
         _combine_kernel[(num_tokens, num_heads)](
             out, po, pm, pl, num_tokens, out.stride(0), out.stride(1),
             NUM_HEADS=num_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
-            SPLIT_PAD=triton.next_power_of_2(num_splits), num_warps=1,
+            SPLIT_PAD=triton.next_power_of_2(num_splits), num_warps=1, **launch_kwargs(q.device),
         )
     return out
 
@@ -257,8 +263,9 @@ def triton_attention(
 def _write_kv_kernel(
     k_ptr, v_ptr, cache_ptr, slot_ptr, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_c, stride_cs, stride_ch,
-    NUM_KV_HEADS: tl.constexpr, KH_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr, KH_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_prior(PDL)
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     h = tl.arange(0, KH_PAD)
@@ -281,5 +288,5 @@ def triton_write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sl
         k, v, kv_cache, slot_mapping, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
         NUM_KV_HEADS=num_kv_heads, KH_PAD=triton.next_power_of_2(num_kv_heads), HEAD_DIM=head_dim,
-        num_warps=1 if num_kv_heads * head_dim <= 256 else 4,
+        num_warps=1 if num_kv_heads * head_dim <= 256 else 4, **launch_kwargs(k.device),
     )

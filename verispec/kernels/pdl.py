@@ -1,0 +1,54 @@
+"""Programmatic dependent launch (PDL): a kernel starts while the one before it finishes.
+
+On Hopper and newer, a kernel launched with `launch_pdl=True` may begin as soon as every program of
+the previous kernel has called `griddepcontrol.launch_dependents` (or exited). Before it touches
+anything the previous kernel may read or write, it must execute `griddepcontrol.wait`, which
+returns once the previous kernel has completed and its writes are visible. In a CUDA graph this
+overlaps one kernel's launch and prologue with the tail of the one before: at batch-1 decode a
+step is ~280 short kernels, so the gaps are a large share of it.
+
+The contract every kernel launched through `launch_kwargs` follows:
+  * before `wait_prior(PDL)`, it only reads constants (weights, biases, norm weights); it writes
+    nothing and reads no activation, cache, metadata or scratch buffer;
+  * `wait_prior(PDL)` waits for the previous kernel, then lets the next kernel launch.
+Kernels from torch or cuBLAS are launched without PDL and wait for everything before them as usual.
+VERISPEC_PDL=0 turns it off (for an A/B measurement or a suspected race).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+_ENABLED: dict[int, bool] = {}
+
+
+def pdl_enabled(device: torch.device) -> bool:
+    """True where kernels on `device` are launched with PDL (CUDA, compute capability >= 9.0)."""
+    if device.type != "cuda" or os.environ.get("VERISPEC_PDL", "1") == "0":
+        return False
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _ENABLED:
+        _ENABLED[idx] = torch.cuda.get_device_capability(idx) >= (9, 0)
+    return _ENABLED[idx]
+
+
+def launch_kwargs(device: torch.device) -> dict:
+    """Keyword arguments for a Triton launch: the kernel's PDL constexpr and the launch flag."""
+    on = pdl_enabled(device)
+    return {"PDL": on, "launch_pdl": True} if on else {"PDL": False}
+
+
+@triton.jit
+def wait_prior(PDL: tl.constexpr):
+    """Wait for the previous kernel (its writes become visible), then let the next one launch."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
