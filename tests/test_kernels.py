@@ -270,7 +270,8 @@ def test_silu_and_mul(device, dtype):
 
 @pytest.mark.parametrize("device,dtype", DEVICES)
 def test_tiny_model_triton_matches_reference(device, dtype):
-    """A whole (tiny, random) model: Triton attention + fused kernels vs the torch path."""
+    """A whole (tiny, random) model: Triton attention + fused kernels vs the torch path (prefill,
+    verify and decode shapes)."""
     from tiny import tiny_config, tiny_model
 
     from verispec.models.qwen2 import build_model
@@ -289,7 +290,10 @@ def test_tiny_model_triton_matches_reference(device, dtype):
         # then one verify step of 3 tokens for the first sequence, reading the cache just written
         ids, pos, meta = build_batch([SeqChunk([11, 12, 13], 13, [3, 0])], 16, torch.device(device))
         h2, _ = model(ids, pos, meta, kv)
-        outs.append(torch.cat([h1, h2]).float())
+        # and one decode token (on CUDA: the one-row GEMV and the fused qkv + rotary + KV write)
+        ids, pos, meta = build_batch([SeqChunk([14], 16, [3, 0])], 16, torch.device(device))
+        h3, _ = model(ids, pos, meta, kv)
+        outs.append(torch.cat([h1, h2, h3]).float())
     fused.enable_triton(model, False)
     if dtype == torch.float32:
         torch.testing.assert_close(outs[1], outs[0], **tol(dtype))

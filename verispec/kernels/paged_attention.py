@@ -47,13 +47,17 @@ _NUM_SMS: dict[int, int] = {}
 
 @triton.jit
 def _attn_tile(q, k_ptr, v_ptr, bt_ptr, start, lo_key, hi, qpos, d, m_i, l_i, acc, scale_log2, stride_kvs,
-               BLOCK_N: tl.constexpr, PAGE: tl.constexpr, DOT_PREC: tl.constexpr):
-    """One BLOCK_N-key step of the online softmax over keys [start, start + BLOCK_N) ∩ [lo_key, hi)."""
+               BLOCK_N: tl.constexpr, PAGE: tl.constexpr, DOT_PREC: tl.constexpr, EARLY_V: tl.constexpr):
+    """One BLOCK_N-key step of the online softmax over keys [start, start + BLOCK_N) ∩ [lo_key, hi).
+    EARLY_V: issue the V load with the K load (decode / verify, where a program sees few tiles and
+    the two memory round trips would otherwise run one after the other)."""
     n = start + tl.arange(0, BLOCK_N)
     n_ok = (n < hi) & (n >= lo_key)
     blk = tl.load(bt_ptr + n // PAGE, mask=n_ok, other=0)
     slot = blk.to(tl.int64) * PAGE + n % PAGE
     kt = tl.load(k_ptr + slot[None, :] * stride_kvs + d[:, None], mask=n_ok[None, :], other=0.0)
+    if EARLY_V:
+        v = tl.load(v_ptr + slot[:, None] * stride_kvs + d[None, :], mask=n_ok[:, None], other=0.0)
     s = tl.dot(q, kt, input_precision=DOT_PREC) * scale_log2
     s = tl.where(n_ok[None, :] & (n[None, :] <= qpos[:, None]), s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -61,7 +65,8 @@ def _attn_tile(q, k_ptr, v_ptr, bt_ptr, start, lo_key, hi, qpos, d, m_i, l_i, ac
     p = tl.exp2(s - m_safe[:, None])
     alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(v_ptr + slot[:, None] * stride_kvs + d[None, :], mask=n_ok[:, None], other=0.0)
+    if not EARLY_V:
+        v = tl.load(v_ptr + slot[:, None] * stride_kvs + d[None, :], mask=n_ok[:, None], other=0.0)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
     return m_new, l_i, acc
 
@@ -75,7 +80,7 @@ def _attn_kernel(
     NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     DOT_PREC: tl.constexpr, WHILE_LOOP: tl.constexpr, CAUSAL: tl.constexpr, HAS_KV_START: tl.constexpr,
-    PDL: tl.constexpr,
+    EARLY_V: tl.constexpr, PDL: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
     wait_prior(PDL)
@@ -129,12 +134,12 @@ def _attn_kernel(
         start = lo
         while start < hi:
             m_i, l_i, acc = _attn_tile(q, k_base, v_base, bt_row, start, lo_key, hi, qpos, d, m_i, l_i, acc,
-                                       scale_log2, stride_kvs, BLOCK_N, PAGE, DOT_PREC)
+                                       scale_log2, stride_kvs, BLOCK_N, PAGE, DOT_PREC, EARLY_V)
             start += BLOCK_N
     else:
         for start in range(lo, hi, BLOCK_N):
             m_i, l_i, acc = _attn_tile(q, k_base, v_base, bt_row, start, lo_key, hi, qpos, d, m_i, l_i, acc,
-                                       scale_log2, stride_kvs, BLOCK_N, PAGE, DOT_PREC)
+                                       scale_log2, stride_kvs, BLOCK_N, PAGE, DOT_PREC, EARLY_V)
 
     if NUM_SPLITS == 1:
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -247,7 +252,8 @@ def triton_attention(
         NUM_HEADS=num_heads, GROUP=num_heads // num_kv_heads, GROUP_PAD=group_pad, BLOCK_Q=block_q,
         BLOCK_N=block_n, HEAD_DIM=head_dim, PAGE=meta.block_size, NUM_SPLITS=num_splits,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", WHILE_LOOP=_INTERPRET,
-        CAUSAL=meta.causal, HAS_KV_START=meta.kv_start is not None, num_warps=4, num_stages=3,
+        CAUSAL=meta.causal, HAS_KV_START=meta.kv_start is not None, EARLY_V=meta.max_query_len <= 16,
+        num_warps=4, num_stages=3,
         **launch_kwargs(q.device),
     )
     if num_splits > 1:

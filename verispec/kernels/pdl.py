@@ -7,9 +7,14 @@ returns once the previous kernel has completed and its writes are visible. In a 
 overlaps one kernel's launch and prologue with the tail of the one before: at batch-1 decode a
 step is ~280 short kernels, so the gaps are a large share of it.
 
-The contract every kernel launched through `launch_kwargs` follows:
-  * before `wait_prior(PDL)`, it only reads constants (weights, biases, norm weights); it writes
-    nothing and reads no activation, cache, metadata or scratch buffer;
+A kernel may overlap only the kernel launched right before it (that one has passed its own wait,
+so everything earlier is complete). The contract every kernel launched through `launch_kwargs`
+follows:
+  * before `wait_prior(PDL)` it writes nothing, and reads only what the previous kernel cannot be
+    writing: constants (weights, biases, norm weights) and, in kernels/qkv_rope.py, the step's
+    positions and slots (the model runs it right after an RMSNorm). Never an activation, the KV
+    cache or a scratch buffer. (A test must not create a weight with a kernel and pass it straight
+    to one of these kernels: make it on the CPU, or with a copy.)
   * `wait_prior(PDL)` waits for the previous kernel, then lets the next kernel launch.
 Kernels from torch or cuBLAS are launched without PDL and wait for everything before them as usual.
 VERISPEC_PDL=0 turns it off (for an A/B measurement or a suspected race).

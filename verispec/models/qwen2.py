@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from verispec.config import ModelConfig
-from verispec.kernels.linear import gate_up_silu, linear
+from verispec.kernels.linear import GEMV_MAX_ROWS, gate_up_silu, linear
+from verispec.kernels.qkv_rope import qkv_rope_write_kv
 from verispec.models.layers.attention import AttentionMetadata, reference_attention, write_kv
 from verispec.models.layers.norm import RMSNorm
 from verispec.models.layers.rotary import RotaryEmbedding
@@ -38,6 +39,12 @@ class Attention(nn.Module):
     def forward(self, x, positions, rotary: RotaryEmbedding, meta: AttentionMetadata, kv_cache, attn_fn):
         t = x.shape[0]
         fast = self.use_triton and x.is_cuda
+        if fast and rotary.use_triton and not self.qk_norm and t <= GEMV_MAX_ROWS:
+            # batch-1 decode: projection, rotary and the K/V write in one kernel
+            q = qkv_rope_write_kv(x, self.qkv_proj.weight, self.qkv_proj.bias, positions, rotary.cos, rotary.sin,
+                                  kv_cache, meta.slot_mapping, self.num_heads, self.num_kv_heads, self.head_dim)
+            out = attn_fn(q, kv_cache, meta, self.scale)
+            return linear(out.reshape(t, -1), self.o_proj.weight)
         qkv = (linear if fast else F.linear)(x, self.qkv_proj.weight, self.qkv_proj.bias)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, self.num_heads, self.head_dim)
