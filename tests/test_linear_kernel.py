@@ -61,7 +61,7 @@ def test_dispatch_falls_back_to_torch_on_cpu():
 
 
 @pytest.mark.parametrize("device,dtype", [CPU, GPU])
-@pytest.mark.parametrize("m,n,k", [(1, 37, 129), (1, 301, 1000), (3, 45, 77), (4, 33, 2600), (2, 9, 530)])
+@pytest.mark.parametrize("m,n,k", [(1, 37, 129), (1, 301, 1000), (3, 45, 77), (4, 33, 2600), (2, 9, 530), (1, 20, 1024)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_gemv(device, dtype, m, n, k, bias):
     """The weight-resident GEMV (odd N and K: masked rows and a padded K) against the reference."""
@@ -94,3 +94,25 @@ def test_dispatch_on_cuda_picks_gemv_for_one_row():
     assert lin._pick(x8, torch.zeros(2048, 1536, device="cuda")) == "skinny"
     x8k = torch.zeros(8, 8960, device="cuda", dtype=torch.bfloat16)
     assert lin._pick(x8k, torch.zeros(1536, 8960, device="cuda")) == "torch"  # K >> N: cuBLAS splits K
+
+
+@pytest.mark.parametrize("device,dtype", [CPU, GPU])
+@pytest.mark.parametrize("m,n,k,silu,residual", [(1, 37, 129, False, True), (2, 19, 300, True, True),
+                                                  (1, 40, 77, True, False), (3, 33, 2100, False, True)])
+def test_gemv_norm_prologue(device, dtype, m, n, k, silu, residual):
+    """RMSNorm(x + residual) fed to the GEMV inside the kernel == fused.rms_norm_ref, then the GEMV
+    reference; the new residual is x + residual exactly (or x itself without one)."""
+    from verispec.kernels.fused import rms_norm_ref
+
+    x = rand(m, k, seed=m + k, device=device, dtype=dtype)
+    r = rand(m, k, seed=m + k + 1, device=device, dtype=dtype) if residual else None
+    nw = rand(k, seed=k + 2, device=device, dtype=dtype, scale=0.1) + 1
+    w = rand(2 * n if silu else n, k, seed=k + 3, device=device, dtype=dtype, scale=k**-0.5)
+    out, new_res = lin.gemv(x, w, silu_mul=silu, norm=(nw, 1e-6), residual=r)
+    normed = rms_norm_ref(x, nw, 1e-6, r)
+    if residual:
+        normed, want_res = normed
+        assert torch.equal(new_res, want_res)
+    else:
+        assert new_res is x
+    torch.testing.assert_close(out.float(), lin.skinny_linear_ref(normed, w, silu_mul=silu).float(), **tol(dtype))

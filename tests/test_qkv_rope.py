@@ -46,3 +46,35 @@ def test_qkv_rope_write_kv_matches_unfused(device, dtype, m, heads, kv_heads, he
     untouched = torch.ones(23, dtype=torch.bool, device=device)
     untouched[slots[ok]] = False
     assert torch.equal(got[:, untouched], cache[:, untouched])
+
+
+@pytest.mark.parametrize("device,dtype", [CPU, GPU])
+@pytest.mark.parametrize("m,residual", [(1, True), (2, True), (1, False)])
+def test_qkv_rope_norm_prologue(device, dtype, m, residual):
+    """With norm=(w, eps) the kernel RMSNorms x (+ residual) first: same q and cache as the
+    separate norm then the unfused kernel; the new residual is x + residual exactly."""
+    from verispec.kernels.fused import rms_norm_ref
+
+    g = torch.Generator().manual_seed(m + 7)
+    heads, kv_heads, head_dim, k = 4, 2, 16, 150
+    n = (heads + 2 * kv_heads) * head_dim
+    x = torch.randn(m, k, generator=g).to(device, dtype)
+    r = torch.randn(m, k, generator=g).to(device, dtype) if residual else None
+    nw = (1 + 0.1 * torch.randn(k, generator=g)).to(device, dtype)
+    w = (torch.randn(n, k, generator=g) * k**-0.5).to(device, dtype)
+    b = torch.randn(n, generator=g).to(device, dtype)
+    rot = RotaryEmbedding(head_dim, 100, 1e6).to(device)
+    pos = torch.randint(0, 100, (m,), generator=g).to(device)
+    slots = torch.randperm(11, generator=g)[:m].to(device)
+    cache = torch.randn(2, 11, kv_heads, head_dim, generator=g).to(device, dtype)
+    args = (pos, rot.cos, rot.sin)
+    want_cache, got_cache = cache.clone(), cache.clone()
+    normed = rms_norm_ref(x, nw, 1e-6, r)
+    normed, want_res = normed if residual else (normed, x)
+    want_q = qkv_rope_write_kv(normed, w, b, *args, want_cache, slots, heads, kv_heads, head_dim)
+    q, new_res = qkv_rope_write_kv(x, w, b, *args, got_cache, slots, heads, kv_heads, head_dim,
+                                   norm=(nw, 1e-6), residual=r)
+    assert torch.equal(new_res, want_res)
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(q, want_q, **tol)
+    torch.testing.assert_close(got_cache, want_cache, **tol)

@@ -41,16 +41,36 @@ GEMV_MAX_ROWS = 1
 
 
 @triton.jit
+def input_row(x_ptr, r_ptr, rout_ptr, nw, m, stride_xm, k, k_ok, eps,
+              K: tl.constexpr, NORM: tl.constexpr, HAS_RES: tl.constexpr):
+    """Row m of a GEMV's input, in float32: x[m]; with NORM, RMSNorm(x[m] (+ residual[m])) * nw,
+    rounded exactly as fused.rms_norm rounds (the sum, then the output, to x's dtype). With a
+    residual, program 0 writes the sum to rout (rows of K contiguous elements, like the residual)."""
+    x = tl.load(x_ptr + m * stride_xm + k, mask=k_ok, other=0.0)
+    if NORM:
+        if HAS_RES:
+            x = (x.to(tl.float32) + tl.load(r_ptr + m * K + k, mask=k_ok, other=0.0).to(tl.float32)).to(x.dtype)
+            if tl.program_id(0) == 0:
+                tl.store(rout_ptr + m * K + k, x, mask=k_ok)
+        xf = x.to(tl.float32)
+        inv = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / K + eps)
+        x = (xf * inv * nw).to(x.dtype)
+    return x.to(tl.float32)
+
+
+@triton.jit
 def _gemv_kernel(
-    x_ptr, w_ptr, b_ptr, out_ptr, M, N_OUT, UP_OFFSET, stride_xm, stride_wn, stride_om,
-    K: tl.constexpr, K_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, PDL: tl.constexpr,
+    x_ptr, w_ptr, b_ptr, out_ptr, nw_ptr, r_ptr, rout_ptr, eps, M, N_OUT, UP_OFFSET, stride_xm, stride_wn,
+    stride_om, K: tl.constexpr, K_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, NORM: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr,
 ):
-    """out[m, n] = sum_k x[m, k] w[n, k] (+ b[n]) for m < M (few rows); SILU_MUL as _skinny_kernel.
+    """out[m, n] = sum_k x[m, k] w[n, k] (+ b[n]) for m < M (few rows); SILU_MUL as _skinny_kernel;
+    NORM: x is first RMSNorm'ed (after the residual add, HAS_RES) as input_row does.
 
     Each program loads its whole weight slice [BLOCK_N, K] into registers first (every load in
     flight at once, and before the PDL wait, so the weights stream while the previous kernel
-    finishes), then reads the rows of x and reduces over K in float32."""
+    finishes), then reads the rows of x and reduces over K in float32. (Splitting K into two
+    power-of-two tiles, 8960 = 8192 + 1024 instead of a padded 16384, measured slower on the H200.)"""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k = tl.arange(0, K_PAD)
     n_ok = n < N_OUT
@@ -64,10 +84,13 @@ def _gemv_kernel(
     bias = tl.zeros([BLOCK_N], tl.float32)
     if HAS_BIAS:
         bias = tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
+    nw = tl.zeros([K_PAD], tl.float32)
+    if NORM:
+        nw = tl.load(nw_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
     wait_prior(PDL)
     m = 0
     while m < M:  # a while loop: the interpreter cannot take a tensor bound in range()
-        x = tl.load(x_ptr + m * stride_xm + k, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+        x = input_row(x_ptr, r_ptr, rout_ptr, nw, m, stride_xm, k, k_ok, eps, K, NORM, HAS_RES)[None, :]
         acc = tl.sum(w.to(tl.float32) * x, axis=1) + bias
         if SILU_MUL:
             up = tl.sum(wu.to(tl.float32) * x, axis=1)
@@ -154,34 +177,46 @@ def skinny_linear(
     return out
 
 
-def gemv_config(n_out: int, k: int, silu_mul: bool = False) -> dict:
+def gemv_config(n_out: int, k: int, silu_mul: bool = False, norm: bool = False) -> dict:
     """Tiles for _gemv_kernel: each thread holds ~64 weight elements (1 or 2 output rows of the
     padded K per program, 2-16 warps). On the H200 (`bench linear --sweep`, 1.5B shapes, one row)
-    this is the best or within 0.1 us of it for qkv, o, gate_up, down and the LM head."""
+    this is the best or within 0.1 us of it for qkv, o, gate_up, down and the LM head. With a norm
+    prologue every program re-reads x and the residual; NORM_ROWS rows per program (2: replay
+    1,198 us; 4: 1,211; 8: 1,277, `bench profile`, context 256)."""
     k_pad = triton.next_power_of_2(k)
     per_row = k_pad * (2 if silu_mul else 1)
-    block_n = 2 if per_row <= 2048 else 1
+    block_n = NORM_ROWS if norm else (2 if per_row <= 2048 else 1)
     return dict(BLOCK_N=block_n, num_warps=max(2, min(16, block_n * per_row // (64 * 32))))
 
 
+NORM_ROWS = 2
+
+
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, silu_mul: bool = False,
-         config: dict | None = None) -> torch.Tensor:
+         config: dict | None = None, norm: tuple[torch.Tensor, float] | None = None,
+         residual: torch.Tensor | None = None):
     """The weight-resident Triton GEMV: x [M, K] (few rows, last dim contiguous) times weight
-    [N, K]^T -> [M, N] (or [M, N/2] with silu_mul, where weight stacks [gate; up])."""
+    [N, K]^T -> [M, N] (or [M, N/2] with silu_mul, where weight stacks [gate; up]).
+
+    norm=(weight, eps) applies RMSNorm to x first (after adding `residual`, as fused.rms_norm);
+    then returns (out, the new residual x + residual, or x without one)."""
     m, k = x.shape
     n = weight.shape[0]
     assert weight.shape[1] == k and weight.stride(1) == 1 and x.stride(1) == 1
+    assert residual is None or (residual.shape == x.shape and residual.is_contiguous())
     n_out = n // 2 if silu_mul else n
     out = torch.empty(m, n_out, dtype=x.dtype, device=x.device)
-    if m == 0:
-        return out
-    cfg = dict(config or gemv_config(n_out, k, silu_mul))
-    _gemv_kernel[(triton.cdiv(n_out, cfg["BLOCK_N"]),)](
-        x, weight, bias if bias is not None else weight, out, m, n_out, n_out if silu_mul else 0,
-        x.stride(0), weight.stride(0), out.stride(0), K=k, K_PAD=triton.next_power_of_2(k),
-        HAS_BIAS=bias is not None, SILU_MUL=silu_mul, **cfg, **launch_kwargs(x.device),
-    )
-    return out
+    rout = torch.empty_like(x) if norm is not None and residual is not None else x
+    if m:
+        cfg = dict(config or gemv_config(n_out, k, silu_mul, norm is not None))
+        nw, eps = norm if norm is not None else (weight, 0.0)
+        _gemv_kernel[(triton.cdiv(n_out, cfg["BLOCK_N"]),)](
+            x, weight, bias if bias is not None else weight, out, nw, residual if residual is not None else x, rout,
+            eps, m, n_out, n_out if silu_mul else 0, x.stride(0), weight.stride(0), out.stride(0), K=k,
+            K_PAD=triton.next_power_of_2(k), HAS_BIAS=bias is not None, SILU_MUL=silu_mul, NORM=norm is not None,
+            HAS_RES=residual is not None, **cfg, **launch_kwargs(x.device),
+        )
+    return out if norm is None else (out, rout)
 
 
 # Tiles for shapes skinny_config leaves to cuBLAS, when skinny_linear is called on them anyway (tests).

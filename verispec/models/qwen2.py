@@ -7,16 +7,21 @@ slots it owns. Parameter names follow Hugging Face so checkpoints load by name.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from verispec.config import ModelConfig
-from verispec.kernels.linear import GEMV_MAX_ROWS, gate_up_silu, linear
+from verispec.kernels.linear import GEMV_MAX_ROWS, gate_up_silu, gemv, linear
 from verispec.kernels.qkv_rope import qkv_rope_write_kv
 from verispec.models.layers.attention import AttentionMetadata, reference_attention, write_kv
 from verispec.models.layers.norm import RMSNorm
 from verispec.models.layers.rotary import RotaryEmbedding
+
+# Batch-1 decode: RMSNorm in the next projection's prologue (VERISPEC_FUSE_NORM=0: separate kernels).
+FUSE_NORM = os.environ.get("VERISPEC_FUSE_NORM", "1") != "0"
 
 
 class Attention(nn.Module):
@@ -39,12 +44,6 @@ class Attention(nn.Module):
     def forward(self, x, positions, rotary: RotaryEmbedding, meta: AttentionMetadata, kv_cache, attn_fn):
         t = x.shape[0]
         fast = self.use_triton and x.is_cuda
-        if fast and rotary.use_triton and not self.qk_norm and t <= GEMV_MAX_ROWS:
-            # batch-1 decode: projection, rotary and the K/V write in one kernel
-            q = qkv_rope_write_kv(x, self.qkv_proj.weight, self.qkv_proj.bias, positions, rotary.cos, rotary.sin,
-                                  kv_cache, meta.slot_mapping, self.num_heads, self.num_kv_heads, self.head_dim)
-            out = attn_fn(q, kv_cache, meta, self.scale)
-            return linear(out.reshape(t, -1), self.o_proj.weight)
         qkv = (linear if fast else F.linear)(x, self.qkv_proj.weight, self.qkv_proj.bias)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, self.num_heads, self.head_dim)
@@ -89,6 +88,9 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x, residual, positions, rotary, meta, kv_cache, attn_fn):
+        if (self.self_attn.use_triton and x.is_cuda and x.shape[0] <= GEMV_MAX_ROWS and rotary.use_triton
+                and not self.self_attn.qk_norm):
+            return self._forward_one_row(x, residual, positions, rotary, meta, kv_cache, attn_fn)
         if residual is None:
             residual = x
             x = self.input_layernorm(x)
@@ -97,6 +99,26 @@ class DecoderLayer(nn.Module):
         x = self.self_attn(x, positions, rotary, meta, kv_cache, attn_fn)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
+
+    def _forward_one_row(self, x, residual, positions, rotary, meta, kv_cache, attn_fn):
+        """Batch-1 decode on CUDA in five kernels: [RMSNorm +] qkv + rotary + K/V write, attention
+        (+ its combine), o, [RMSNorm +] gate_up + SiLU-mul, down. Each bracketed norm runs in its
+        projection's prologue (FUSE_NORM), which saves a dependent kernel launch per norm."""
+        attn, mlp, ln1, ln2 = self.self_attn, self.mlp, self.input_layernorm, self.post_attention_layernorm
+        args = (attn.qkv_proj.weight, attn.qkv_proj.bias, positions, rotary.cos, rotary.sin, kv_cache,
+                meta.slot_mapping, attn.num_heads, attn.num_kv_heads, attn.head_dim)
+        if FUSE_NORM:
+            q, residual = qkv_rope_write_kv(x, *args, norm=(ln1.weight, ln1.eps), residual=residual)
+        else:
+            x, residual = (ln1(x), x) if residual is None else ln1(x, residual)
+            q = qkv_rope_write_kv(x, *args)
+        o = linear(attn_fn(q, kv_cache, meta, attn.scale).reshape(x.shape[0], -1), attn.o_proj.weight)
+        if FUSE_NORM:
+            y, residual = gemv(o, mlp.gate_up_proj.weight, silu_mul=True, norm=(ln2.weight, ln2.eps), residual=residual)
+        else:
+            h, residual = ln2(o, residual)
+            y = gate_up_silu(h, mlp.gate_up_proj.weight)
+        return linear(y, mlp.down_proj.weight), residual
 
 
 class Backbone(nn.Module):
