@@ -72,6 +72,31 @@ def test_throughput_sweep_recipe_and_humaneval(tmp_path):
         assert res["rows"][0]["num_seqs"] == 2 and res["rows"][0]["output_tokens"] == 6
 
 
+def test_drive_final_only_counts_match_streamed():
+    """Final-only runs count steps and KV reads without per-step outputs; on a workload whose prompts are
+    prefilled in one step each, the counts equal the streamed run's, and so do the tokens."""
+    import torch
+    from tiny import tiny_engine, tiny_model
+
+    from verispec.bench.common import drive, greedy
+
+    model = tiny_model()
+    prompts = [[5 + i, 6, 7, 8 + i, 9][: 3 + i] for i in range(3)]
+    for async_scheduling in (False, True):
+        runs = {}
+        for stream in (True, False):
+            eng = tiny_engine(model, async_scheduling=async_scheduling)
+            runs[stream] = drive(eng, prompts, [greedy(6)] * 3, torch.device("cpu"), stream=stream)
+        s, f = runs[True], runs[False]
+        assert f.outputs == s.outputs and all(len(o) == 6 for o in f.outputs)
+        assert f.steps == [] and f.ttft_s == [] and all(t > 0 for t in f.e2e_s)
+        assert (f.num_steps, f.context_tokens) == (s.num_steps, s.context_tokens) == (6, sum(
+            6 * len(p) + 21 for p in prompts))
+    with pytest.raises(ValueError, match="no speculation"):
+        drive(tiny_engine(model, spec={"method": "ngram", "num_speculative_tokens": 2}), prompts,
+              [greedy(4)] * 3, torch.device("cpu"), stream=False)
+
+
 def test_spec_methods_and_hf_peer_identity(tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt_token_ids": [7, 8, 9, 10, 7, 8, 9]}\n{"prompt_token_ids": [1, 2, 3, 1, 2, 3, 1, 2]}\n')
