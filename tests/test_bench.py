@@ -72,6 +72,49 @@ def test_throughput_sweep_recipe_and_humaneval(tmp_path):
         assert res["rows"][0]["num_seqs"] == 2 and res["rows"][0]["output_tokens"] == 6
 
 
+def test_throughput_repeats_and_output_kind(tmp_path, monkeypatch):
+    """Every request the bench submits asks for FINAL_ONLY outputs (LLM.generate's) unless --stream-outputs;
+    each point runs --repeats times after its warm-up, on one engine."""
+    from verispec.engine.engine import LLMEngine
+    from verispec.sampling_params import RequestOutputKind
+
+    kinds, engines = [], []
+    add, init = LLMEngine.add_request, LLMEngine.__init__
+    monkeypatch.setattr(LLMEngine, "add_request", lambda self, rid, prompt, sp, ids: (
+        kinds.append(sp.output_kind), add(self, rid, prompt, sp, ids))[1])
+    monkeypatch.setattr(LLMEngine, "__init__", lambda self, *a: (engines.append(1), init(self, *a))[1])
+    argv = ("throughput", "--num-seqs", "2,3", "--sweep-input-len", "8", "--sweep-output-len", "4", "--repeats", "2")
+    res = _bench(tmp_path, *argv)
+    assert len(engines) == 2 and len(kinds) == 3 * (2 + 3)  # per point: warm-up (every seq) + 2 runs
+    assert set(kinds) == {RequestOutputKind.FINAL_ONLY}
+    for r in res["rows"]:
+        assert r["outputs"] == "final" and len(r["runs"]) == 2 and r["output_tok_s"] in r["runs"]
+        assert r["output_tokens"] == 4 * r["num_seqs"] and r["num_steps"] >= 4
+    kinds.clear()
+    res = _bench(tmp_path, *argv, "--stream-outputs")
+    assert set(kinds) == {RequestOutputKind.CUMULATIVE} and len(kinds) == 3 * (2 + 3)
+    assert [r["outputs"] for r in res["rows"]] == ["stream", "stream"]
+
+
+def test_median_run_and_range_cell():
+    from verispec.bench.report import table
+    from verispec.bench.throughput import median_run
+
+    def run(tok_s: float) -> dict:
+        return {"prompt_tokens": 10, "output_tokens": 20, "output_tok_s": tok_s, "wall_s": 20 / tok_s}
+
+    row = median_run([run(25049.4), run(21443.2), run(23000.0)])
+    assert row["output_tok_s"] == 23000.0 and row["wall_s"] == 20 / 23000.0
+    assert row["runs"] == [25049.4, 21443.2, 23000.0]  # in run order
+    assert median_run([run(10), run(40), run(20), run(30)])["output_tok_s"] == 20  # even: the slower middle run
+    assert median_run([run(7)])["runs"] == [7]
+    assert "21,443-25,049" in table([row], [("runs", "runs tok/s", "range")])
+    with pytest.raises(ValueError, match="different token counts"):
+        median_run([run(1), {**run(2), "output_tokens": 19}])
+    with pytest.raises(ValueError):
+        median_run([])
+
+
 def test_drive_final_only_counts_match_streamed():
     """Final-only runs count steps and KV reads without per-step outputs; on a workload whose prompts are
     prefilled in one step each, the counts equal the streamed run's, and so do the tokens."""
