@@ -17,7 +17,8 @@ stop, wherever a collection struck, the forward included); "gc n" counts collect
 --no-gc-freeze; --gc-threshold sets the gen0 threshold for the timed steps only (Python's default: 700).
 
 --output-kind final_only is what LLM.generate asks for (no per-step RequestOutputs); cumulative
-(the default) is what a streaming consumer (the server, `verispec generate`, bench drive) gets.
+(the default) is what a streaming consumer (the server, `verispec generate`, bench latency and spec,
+bench throughput --stream-outputs) gets.
 """
 
 from __future__ import annotations
