@@ -9,15 +9,23 @@ may be shared; torch runs on one thread), best of --repeats runs.
 
     PYTHONPATH=$PWD python3 scripts/host_overhead.py [--steps 200] [--batch-sizes 1,64] [--profile CASE]
         [--output-kind cumulative|final_only] [--loops sync,async] [--cases decode,ngram4]
+        [--no-gc-freeze] [--gc-threshold N]
+
+"gc ms" is the cyclic garbage collector's share of a step (CPU time between gc.callbacks' start and
+stop, wherever a collection struck, the forward included); "gc n" counts collections per step
+(gen0/gen1/gen2). The engine freezes the collector at start-up as LLM and the server do, unless
+--no-gc-freeze; --gc-threshold sets the gen0 threshold for the timed steps only (Python's default: 700).
 
 --output-kind final_only is what LLM.generate asks for (no per-step RequestOutputs); cumulative
-(the default) is what a streaming consumer (the server, `verispec generate`, bench drive) gets.
+(the default) is what a streaming consumer (the server, `verispec generate`, bench latency and spec,
+bench throughput --stream-outputs) gets.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import pstats
 import sys
 import time
@@ -71,12 +79,36 @@ def prompts(batch: int, length: int) -> list[list[int]]:
     return out
 
 
+class GCTimer:
+    """CPU time and count of the cyclic GC's collections (per generation) while installed."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.counts = [0, 0, 0]
+        self._t = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t = time.thread_time()
+        else:
+            self.seconds += time.thread_time() - self._t
+            self.counts[info["generation"]] += 1
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._callback)
+
+
 def measure(model, batch: int, async_scheduling: bool, spec: dict | None, steps: int, profile: bool = False,
-            output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE) -> dict:
+            output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE, gc_freeze: bool = True,
+            gc_threshold: int | None = None) -> dict:
     eng = tiny_engine(
         model, spec=spec, async_scheduling=async_scheduling, max_num_seqs=max(batch, 1),
         max_num_batched_tokens=4096, num_gpu_blocks=batch * ((64 + steps * 6) // 16 + 4) + 16,
+        extra={"gc_freeze": gc_freeze},
     )
+    if not gc_freeze:
+        gc.unfreeze()  # an earlier engine's freeze (runs of this script alternate) stays out of this one
     params = SamplingParams(temperature=0.0, max_tokens=steps * 5 + 64, ignore_eos=True, output_kind=output_kind)
     for i, p in enumerate(prompts(batch, 64)):
         eng.add_request(f"r{i}", None, params, p)
@@ -86,10 +118,16 @@ def measure(model, batch: int, async_scheduling: bool, spec: dict | None, steps:
     prof = cProfile.Profile() if profile else None
     if prof:
         prof.enable()
+    thresholds = gc.get_threshold()
+    if gc_threshold is not None:
+        gc.set_threshold(gc_threshold, *thresholds[1:])
+    gct = GCTimer()
     t0 = time.thread_time()
     for _ in range(steps):
         eng.step()
     total = time.thread_time() - t0
+    gct.close()
+    gc.set_threshold(*thresholds)
     if prof:
         prof.disable()
         pstats.Stats(prof).sort_stats(SORT).print_stats(45)
@@ -97,7 +135,9 @@ def measure(model, batch: int, async_scheduling: bool, spec: dict | None, steps:
     timer.close()
     gen = eng.get_metrics()
     return {"total_ms": 1e3 * total / steps, "forward_ms": 1e3 * timer.seconds / steps,
-            "host_ms": 1e3 * (total - timer.seconds) / steps, "accepted": gen["spec_decode_num_accepted_tokens"]}
+            "host_ms": 1e3 * (total - timer.seconds) / steps,
+            "accepted": gen["spec_decode_num_accepted_tokens"], "gc_ms": 1e3 * gct.seconds / steps,
+            "gc_n": [c / steps for c in gct.counts]}
 
 
 SORT = "cumulative"
@@ -114,6 +154,8 @@ def main() -> None:
     ap.add_argument("--output-kind", default="cumulative", choices=["cumulative", "final_only"])
     ap.add_argument("--loops", default="sync,async")
     ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--no-gc-freeze", action="store_true", help="engines without gc.freeze at start-up")
+    ap.add_argument("--gc-threshold", type=int, default=None, help="gen0 GC threshold during the timed steps")
     args = ap.parse_args()
     global SORT
     SORT = args.sort
@@ -124,16 +166,20 @@ def main() -> None:
         loop, case, batch = args.profile.split("/")
         measure(model, int(batch), loop == "async", CASES[case], args.steps, profile=True, output_kind=kind)
         return
-    print(f"output kind: {kind.name}")
-    print(f"{'loop':6} {'case':7} {'batch':>5} {'step ms':>8} {'forward ms':>10} {'host ms':>8} {'host us/req':>11}")
+    gc_kw = dict(gc_freeze=not args.no_gc_freeze, gc_threshold=args.gc_threshold)
+    print(f"output kind: {kind.name}; gc.freeze at start-up: {gc_kw['gc_freeze']}; "
+          f"gen0 threshold: {args.gc_threshold or gc.get_threshold()[0]}")
+    print(f"{'loop':6} {'case':7} {'batch':>5} {'step ms':>8} {'forward ms':>10} {'host ms':>8} "
+          f"{'host us/req':>11} {'gc ms':>6} {'gc n (gen0/1/2)':>16}")
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         for case in args.cases.split(","):
             for loop in args.loops.split(","):
-                runs = [measure(model, batch, loop == "async", CASES[case], args.steps, output_kind=kind)
-                        for _ in range(args.repeats)]
+                runs = [measure(model, batch, loop == "async", CASES[case], args.steps, output_kind=kind,
+                                **gc_kw) for _ in range(args.repeats)]
                 r = min(runs, key=lambda x: x["host_ms"])
+                n = "/".join(f"{c:.2f}" for c in r["gc_n"])
                 print(f"{loop:6} {case:7} {batch:5d} {r['total_ms']:8.3f} {r['forward_ms']:10.3f} {r['host_ms']:8.3f} "
-                      f"{1e3 * r['host_ms'] / batch:11.1f}", flush=True)
+                      f"{1e3 * r['host_ms'] / batch:11.1f} {r['gc_ms']:6.3f} {n:>16}", flush=True)
 
 
 if __name__ == "__main__":

@@ -72,6 +72,74 @@ def test_throughput_sweep_recipe_and_humaneval(tmp_path):
         assert res["rows"][0]["num_seqs"] == 2 and res["rows"][0]["output_tokens"] == 6
 
 
+def test_throughput_repeats_and_output_kind(tmp_path, monkeypatch):
+    """Every request the bench submits asks for FINAL_ONLY outputs (LLM.generate's) unless --stream-outputs;
+    each point runs --repeats times after its warm-up, on one engine."""
+    from verispec.engine.engine import LLMEngine
+    from verispec.sampling_params import RequestOutputKind
+
+    kinds, engines = [], []
+    add, init = LLMEngine.add_request, LLMEngine.__init__
+    monkeypatch.setattr(LLMEngine, "add_request", lambda self, rid, prompt, sp, ids: (
+        kinds.append(sp.output_kind), add(self, rid, prompt, sp, ids))[1])
+    monkeypatch.setattr(LLMEngine, "__init__", lambda self, *a: (engines.append(1), init(self, *a))[1])
+    argv = ("throughput", "--num-seqs", "2,3", "--sweep-input-len", "8", "--sweep-output-len", "4", "--repeats", "2")
+    res = _bench(tmp_path, *argv)
+    assert len(engines) == 2 and len(kinds) == 3 * (2 + 3)  # per point: warm-up (every seq) + 2 runs
+    assert set(kinds) == {RequestOutputKind.FINAL_ONLY}
+    for r in res["rows"]:
+        assert r["outputs"] == "final" and len(r["runs"]) == 2 and r["output_tok_s"] in r["runs"]
+        assert r["output_tokens"] == 4 * r["num_seqs"] and r["num_steps"] >= 4
+    kinds.clear()
+    res = _bench(tmp_path, *argv, "--stream-outputs")
+    assert set(kinds) == {RequestOutputKind.CUMULATIVE} and len(kinds) == 3 * (2 + 3)
+    assert [r["outputs"] for r in res["rows"]] == ["stream", "stream"]
+
+
+def test_median_run_and_range_cell():
+    from verispec.bench.report import table
+    from verispec.bench.throughput import median_run
+
+    def run(tok_s: float) -> dict:
+        return {"prompt_tokens": 10, "output_tokens": 20, "output_tok_s": tok_s, "wall_s": 20 / tok_s}
+
+    row = median_run([run(25049.4), run(21443.2), run(23000.0)])
+    assert row["output_tok_s"] == 23000.0 and row["wall_s"] == 20 / 23000.0
+    assert row["runs"] == [25049.4, 21443.2, 23000.0]  # in run order
+    assert median_run([run(10), run(40), run(20), run(30)])["output_tok_s"] == 20  # even: the slower middle run
+    assert median_run([run(7)])["runs"] == [7]
+    assert "21,443-25,049" in table([row], [("runs", "runs tok/s", "range")])
+    with pytest.raises(ValueError, match="different token counts"):
+        median_run([run(1), {**run(2), "output_tokens": 19}])
+    with pytest.raises(ValueError):
+        median_run([])
+
+
+def test_drive_final_only_counts_match_streamed():
+    """Final-only runs count steps and KV reads without per-step outputs; on a workload whose prompts are
+    prefilled in one step each, the counts equal the streamed run's, and so do the tokens."""
+    import torch
+    from tiny import tiny_engine, tiny_model
+
+    from verispec.bench.common import drive, greedy
+
+    model = tiny_model()
+    prompts = [[5 + i, 6, 7, 8 + i, 9][: 3 + i] for i in range(3)]
+    for async_scheduling in (False, True):
+        runs = {}
+        for stream in (True, False):
+            eng = tiny_engine(model, async_scheduling=async_scheduling)
+            runs[stream] = drive(eng, prompts, [greedy(6)] * 3, torch.device("cpu"), stream=stream)
+        s, f = runs[True], runs[False]
+        assert f.outputs == s.outputs and all(len(o) == 6 for o in f.outputs)
+        assert f.steps == [] and f.ttft_s == [] and all(t > 0 for t in f.e2e_s)
+        assert (f.num_steps, f.context_tokens) == (s.num_steps, s.context_tokens) == (6, sum(
+            6 * len(p) + 21 for p in prompts))
+    with pytest.raises(ValueError, match="no speculation"):
+        drive(tiny_engine(model, spec={"method": "ngram", "num_speculative_tokens": 2}), prompts,
+              [greedy(4)] * 3, torch.device("cpu"), stream=False)
+
+
 def test_spec_methods_and_hf_peer_identity(tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt_token_ids": [7, 8, 9, 10, 7, 8, 9]}\n{"prompt_token_ids": [1, 2, 3, 1, 2, 3, 1, 2]}\n')

@@ -20,7 +20,7 @@ from verispec.config import EngineConfig, ModelConfig, SpeculativeConfig
 from verispec.engine.engine import LLMEngine
 from verispec.engine.setup import DTYPES, assemble_parts, load_model, resolve_device_dtype
 from verispec.models.qwen2 import CausalLM, build_model
-from verispec.sampling_params import SamplingParams
+from verispec.sampling_params import RequestOutputKind, SamplingParams
 
 BLOCK_SIZE = 16
 # Shapes of the registry models' GGUF files (both keep a separate output.weight), for --random-weights
@@ -212,7 +212,11 @@ def make_engine(bm: BenchModel, spec: dict | None, max_num_seqs: int, prompt_ids
 
 
 def free_memory() -> None:
-    """Return freed GPU memory (a dropped engine's KV cache) to the allocator's pool before the next engine."""
+    """Return freed GPU memory (a dropped engine's KV cache) to the allocator's pool before the next engine.
+
+    The engine froze the GC at start-up (setup.freeze_gc), itself included: unfreeze first, or a dropped
+    engine sitting in a reference cycle would never be collected."""
+    gc.unfreeze()
     if torch.cuda.is_available():
         gc.collect()  # engines may sit in reference cycles; slow with many objects, so GPU only
         torch.cuda.empty_cache()
@@ -229,12 +233,14 @@ class RunResult:
     """A workload driven to completion through engine.step()."""
 
     wall_s: float
-    steps: list[StepRecord]
+    steps: list[StepRecord]  # one per step that emitted outputs (streamed runs; empty for final-only runs)
     prompt_lens: list[int]
     outputs: list[list[int]]
-    ttft_s: list[float]
+    ttft_s: list[float]  # streamed runs only (empty for final-only runs: no output before the last)
     e2e_s: list[float]
     spec: dict  # deltas of the engine's spec_decode_* counters over the run
+    num_steps: int  # engine steps of the run
+    context_tokens: int  # KV entries its steps read: sum over steps of the touched sequences' lengths
 
 
 def _spec_delta(m0: dict, m1: dict) -> dict:
@@ -248,25 +254,67 @@ def _spec_delta(m0: dict, m1: dict) -> dict:
     }
 
 
-def drive(engine: LLMEngine, prompt_ids: list[list[int]], params: list[SamplingParams],
-          device: torch.device) -> RunResult:
-    """Submit every prompt at once, then step until all finish, timing each step.
+def context_reads(prompt_len: int, output_len: int) -> int:
+    """KV entries a sequence's steps read when each step adds one token: (p + 1) + ... + (p + o)."""
+    return output_len * prompt_len + output_len * (output_len + 1) // 2
 
-    A synchronous engine's steps are timed with the GPU synchronized after each. An async-scheduling engine
-    overlaps step N on the GPU with step N-1's host work, so a sync per step would defeat what it measures:
-    there a step's time is the host's pace (which the GPU bounds in steady state) and only the end syncs."""
-    per_step_sync = not engine.config.async_scheduling
+
+def with_output_kind(params: list[SamplingParams], kind: RequestOutputKind) -> list[SamplingParams]:
+    """params asking for `kind` outputs (copies where they ask for another; the caller's objects are kept)."""
+    return [sp if sp.output_kind is kind else dataclasses.replace(sp, output_kind=kind) for sp in params]
+
+
+def drive(engine: LLMEngine, prompt_ids: list[list[int]], params: list[SamplingParams],
+          device: torch.device, stream: bool = True) -> RunResult:
+    """Submit every prompt at once, then step until all finish.
+
+    stream=True asks for CUMULATIVE outputs (every step's state, what the server streams) and times each
+    step. A synchronous engine's steps are then timed with the GPU synchronized after each. An async-
+    scheduling engine overlaps step N on the GPU with step N-1's host work, so a sync per step would defeat
+    what it measures: there a step's time is the host's pace (which the GPU bounds in steady state) and
+    only the end syncs.
+
+    stream=False asks for FINAL_ONLY outputs, as LLM.generate does: one output per request, when it
+    finishes; the loop only steps (no per-step timing or sync). Its step count is the engine's, and its KV
+    reads are counted from the final token counts (context_reads: one token per sequence per step, so no
+    speculation), which equals the streamed count when every prompt is prefilled in one step."""
+    if not stream and engine.proposer is not None:
+        raise ValueError("final-only runs count one token per sequence per step: no speculation")
+    kind = RequestOutputKind.CUMULATIVE if stream else RequestOutputKind.FINAL_ONLY
+    params = with_output_kind(params, kind)
     rids = [f"bench-{next(_ids)}" for _ in prompt_ids]
     index = {r: i for i, r in enumerate(rids)}
-    n = len(prompt_ids)
-    outputs: list[list[int]] = [[] for _ in range(n)]
-    ttft, e2e = [0.0] * n, [0.0] * n
-    steps: list[StepRecord] = []
     m0 = engine.get_metrics()
     sync(device)
     t0 = time.perf_counter()
     for rid, ids, sp in zip(rids, prompt_ids, params, strict=True):
         engine.add_request(rid, None, sp, ids)
+    loop = _stream_loop if stream else _final_loop
+    outputs, steps, ttft, e2e = loop(engine, index, t0, device)
+    sync(device)
+    wall = time.perf_counter() - t0
+    m1 = engine.get_metrics()
+    prompt_lens = [len(p) for p in prompt_ids]
+    if stream:
+        num_steps, ctx = len(steps), sum(s.context_tokens for s in steps)
+    else:
+        num_steps = m1["num_steps"] - m0["num_steps"]
+        ctx = sum(context_reads(p, len(o)) for p, o in zip(prompt_lens, outputs, strict=True))
+    return RunResult(wall, steps, prompt_lens, outputs, ttft, e2e, _spec_delta(m0, m1), num_steps, ctx)
+
+
+def _check_progress(idle: int) -> None:
+    if idle > 1000:
+        raise RuntimeError("engine makes no progress (KV blocks too few?)")
+
+
+def _stream_loop(engine: LLMEngine, index: dict[str, int], t0: float, device: torch.device) -> tuple:
+    """Step with CUMULATIVE outputs: (outputs, steps, ttft, e2e), a StepRecord per step with outputs."""
+    per_step_sync = not engine.config.async_scheduling
+    n = len(index)
+    outputs: list[list[int]] = [[] for _ in range(n)]
+    ttft, e2e = [0.0] * n, [0.0] * n
+    steps: list[StepRecord] = []
     idle = 0
     while engine.has_unfinished_requests():
         ts = time.perf_counter()
@@ -275,8 +323,7 @@ def drive(engine: LLMEngine, prompt_ids: list[list[int]], params: list[SamplingP
             sync(device)
         now = time.perf_counter()
         idle = 0 if outs else idle + 1
-        if idle > 1000:
-            raise RuntimeError("engine makes no progress (KV blocks too few?)")
+        _check_progress(idle)
         ctx = new = 0
         prefill = False
         for o in outs:
@@ -292,10 +339,27 @@ def drive(engine: LLMEngine, prompt_ids: list[list[int]], params: list[SamplingP
                 e2e[i] = now - t0
         if outs:
             steps.append(StepRecord(now - ts, len(outs), ctx, new, prefill))
-    sync(device)
-    wall = time.perf_counter() - t0
-    return RunResult(wall, steps, [len(p) for p in prompt_ids], outputs, ttft, e2e,
-                     _spec_delta(m0, engine.get_metrics()))
+    return outputs, steps, ttft, e2e
+
+
+def _final_loop(engine: LLMEngine, index: dict[str, int], t0: float, device: torch.device) -> tuple:
+    """Step with FINAL_ONLY outputs: (outputs, [], [], e2e); only finished requests come back."""
+    n = len(index)
+    outputs: list[list[int]] = [[] for _ in range(n)]
+    e2e = [0.0] * n
+    idle, last = 0, engine.num_steps
+    while engine.has_unfinished_requests():
+        outs = engine.step()
+        if outs:
+            now = time.perf_counter()
+            for o in outs:
+                i = index[o.request_id]
+                outputs[i] = o.outputs[0].token_ids
+                e2e[i] = now - t0
+        idle = 0 if outs or engine.num_steps != last else idle + 1
+        last = engine.num_steps
+        _check_progress(idle)
+    return outputs, [], [], e2e
 
 
 def greedy(max_tokens: int) -> SamplingParams:

@@ -3,7 +3,7 @@
 Examples (see docs/BENCHMARKS.md for the recorded figures):
   verispec bench latency --model M --batch-sizes 1,4 --input-len 128 --output-len 128 --peer hf --json l.json
   verispec bench throughput --model M                       # nano-vllm recipe: 256 random sequences
-  verispec bench throughput --model M --num-seqs 1,16,64,256  # 128 + 256 tokens, vs llama.cpp
+  verispec bench throughput --model M --num-seqs 1,16,64,256  # 128 + 256 tokens, vs llama.cpp (median of 3)
   verispec bench spec --model M --draft-model D --methods none,ngram,self,draft_model --batch-sizes 1,16
   verispec bench serve --url http://127.0.0.1:8000 --concurrency 8
   verispec bench linear --random-weights --sweep           # GB/s of each linear layer, ours vs F.linear
@@ -29,6 +29,13 @@ def _ints(text: str) -> list[int]:
     if not vals or any(v < 1 for v in vals):
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return vals
+
+
+def _positive(text: str) -> int:
+    vals = _ints(text)
+    if len(vals) != 1:
+        raise argparse.ArgumentTypeError(f"expected one positive integer, got {text!r}")
+    return vals[0]
 
 
 def _json_obj(text: str) -> dict:
@@ -89,6 +96,11 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--recipe-max-len", type=int, default=1024)
     p.add_argument("--sweep-input-len", type=int, default=128)
     p.add_argument("--sweep-output-len", type=int, default=256)
+    p.add_argument("--repeats", type=_positive, default=3,
+                   help="runs of each point on its engine after the warm-up; the row is the median run")
+    p.add_argument("--stream-outputs", action="store_true",
+                   help="ask for every step's outputs (CUMULATIVE, as the server streams) instead of "
+                        "LLM.generate's FINAL_ONLY")
     p = kinds.add_parser("spec", help="speculative methods vs none: tok/s, acceptance, losslessness")
     _common(p, DEFAULT_MODEL)
     p.add_argument("--methods", default=None, help="comma list of none,ngram,self,draft_model,dflash "
@@ -155,7 +167,7 @@ def run(args) -> dict:
 
         out = run_throughput(bm, args.dataset, args.num_seqs, args.output_len, args.temperature, args.prompts,
                              args.num_prompts, args.peer, compile_peer, args.recipe_num_seqs, args.recipe_max_len,
-                             args.sweep_input_len, args.sweep_output_len)
+                             args.sweep_input_len, args.sweep_output_len, args.repeats, args.stream_outputs)
     else:
         from verispec.bench.spec import COLUMNS, PEER_COLUMNS, run_spec
 

@@ -16,9 +16,12 @@ Column = tuple[str, str, str]  # (row key, header, format spec)
 
 
 def _cell(row: dict, key: str, fmt: str) -> str:
+    """A value as its column shows it; format "range" shows numbers as "min-max" ("21,443-25,049")."""
     v = row.get(key)
     if v is None:
         return "-"
+    if fmt == "range":
+        return f"{min(v):,.0f}-{max(v):,.0f}" if v else "-"
     if isinstance(v, list):
         return "[" + ",".join(format(x, fmt) for x in v) + "]"
     try:
@@ -62,9 +65,10 @@ def write_json(res: dict, path: str | None) -> None:
 
 
 def strip_outputs(obj):
-    """A copy without "outputs" token lists (kept in memory for checks, too big for the JSON)."""
+    """A copy without "outputs" token lists (kept in memory for checks, too big for the JSON); other
+    "outputs" values (throughput's "final" / "stream") stay."""
     if isinstance(obj, dict):
-        return {k: strip_outputs(v) for k, v in obj.items() if k != "outputs"}
+        return {k: strip_outputs(v) for k, v in obj.items() if k != "outputs" or not isinstance(v, list)}
     if isinstance(obj, list):
         return [strip_outputs(v) for v in obj]
     return obj

@@ -16,7 +16,7 @@ from verispec.engine import faults
 from verispec.engine.detokenizer import IncrementalDetokenizer
 from verispec.engine.request import Request, Status
 from verispec.engine.scheduler import Scheduler
-from verispec.engine.setup import EngineParts, build_engine_parts
+from verispec.engine.setup import EngineParts, build_engine_parts, freeze_gc, gc_freeze_enabled
 from verispec.outputs import CompletionOutput, RequestOutput
 from verispec.sampling_params import RequestOutputKind, SamplingParams
 from verispec.spec.metrics import SpecCounters
@@ -80,6 +80,8 @@ class LLMEngine:
         self.inflight = None
         self.audit_mismatches = 0
         self.num_audited_steps = 0
+        if gc_freeze_enabled(config):  # last: everything the engine keeps is built by now
+            freeze_gc()
 
     # ---- requests --------------------------------------------------------------------------
     def add_request(
