@@ -204,3 +204,11 @@ def test_hardware_figures_for_the_15b():
     use = hardware.hardware_use(cfg, 2, [step], 1e-3, 0.0)
     assert use["hw_bound"] == "mem" and use["mem_frac"] == pytest.approx(
         hardware.weight_bytes_per_step(cfg, 2) / 1e-3 / hardware.HBM_BYTES_PER_S)
+
+
+def test_llamacpp_column_only_for_the_model_it_was_measured_on():
+    from verispec.bench.throughput import llamacpp_reference
+
+    assert llamacpp_reference("qwen2.5-coder-1.5b-instruct")["64"] == 13697.0
+    assert llamacpp_reference("/tmp/models/qwen2.5-coder-1.5b-instruct.gguf")["256"] == 22592.0
+    assert llamacpp_reference("/tmp/models/qwen2.5-coder-0.5b-instruct.gguf") == {}

@@ -22,6 +22,8 @@ Peer rows (sweep only, one run each): peer, num_seqs, output_tok_s, decode_tok_s
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from verispec.bench.common import BenchModel, RunResult, drive, free_memory, make_engine
 from verispec.bench.hardware import hardware_totals, useful_flops
 from verispec.bench.peers import PUBLISHED
@@ -90,6 +92,16 @@ def _measure(bm: BenchModel, name: str, prompts: list[Prompt], temperature: floa
             "outputs": "stream" if stream else "final"}
 
 
+LLAMACPP_MODEL = "qwen2.5-coder-1.5b-instruct"  # the model the published llama.cpp batched figures are for
+
+
+def llamacpp_reference(model: str) -> dict[str, float]:
+    """llama.cpp's published batched output tok/s by sequence count, for the model they were measured on
+    (the 1.5B, by registry name or file name); {} for any other model, so no false ratio is printed."""
+    name = Path(model).name.removesuffix(".gguf")
+    return PUBLISHED["llamacpp_1.5b_bf16_batched_tok_s"] if name == LLAMACPP_MODEL else {}
+
+
 def run_throughput(bm: BenchModel, dataset: str = "random", num_seqs: list[int] | None = None,
                    output_len: int = 256, temperature: float = 0.0, prompts_file: str | None = None,
                    num_prompts: int | None = None, peer: str | None = None, compile_peer: bool = True,
@@ -102,7 +114,7 @@ def run_throughput(bm: BenchModel, dataset: str = "random", num_seqs: list[int] 
     rows, peers = [], []
     vocab = bm.config.vocab_size
     if num_seqs:
-        ref = PUBLISHED["llamacpp_1.5b_bf16_batched_tok_s"]
+        ref = llamacpp_reference(bm.setup.model)
         for n in num_seqs:
             ps = random_prompts(n, sweep_input_len, sweep_output_len, vocab, seed=bm.setup.seed + n)
             name = f"{sweep_input_len}+{sweep_output_len}"
