@@ -58,8 +58,10 @@ def _sweep_configs(m: int) -> list[dict]:
         grid = itertools.product([1], [2, 4, 8, 16], [256, 512, 1024], [4, 8], [3, 4], [False])
     elif m <= 4:
         grid = itertools.product([triton.next_power_of_2(m)], [4, 8, 16], [128, 256, 512], [4], [3], [False])
-    else:
+    elif m <= 16:
         grid = itertools.product([16], [16, 32, 64], [64, 128, 256], [4], [3, 4], [True])
+    else:  # batched decode (no split-K in the kernel: only wide layers have enough column blocks)
+        grid = itertools.product([min(64, triton.next_power_of_2(m))], [32, 64], [64, 128], [4, 8], [4], [True])
     return [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=s, USE_DOT=d)
             for bm, bn, bk, w, s, d in grid]
 
@@ -107,9 +109,11 @@ def run_linear(cfg: ModelConfig, rows: list[int], device: torch.device, dtype: t
             row = dict(layer=name, m=m, n=n, k=k, weight_mb=wbytes / 1e6, torch_us=t_torch * 1e6, ours_us=t_ours * 1e6,
                        torch_gbs=wbytes / t_torch / 1e9, ours_gbs=wbytes / t_ours / 1e9,
                        ours_hw=wbytes / t_ours / HBM_BYTES_PER_S, speedup=t_torch / t_ours)
-            if sweep and m <= lin.SKINNY_MAX_ROWS:
-                for prefix, kernel, configs in (("best", lin.skinny_linear, _sweep_configs(m)),
-                                                ("gemv_best", lin.gemv, _gemv_configs())):
+            if sweep:
+                families = [("best", lin.skinny_linear, _sweep_configs(m))]
+                if m <= 4:
+                    families.append(("gemv_best", lin.gemv, _gemv_configs()))
+                for prefix, kernel, configs in families:
                     best = _best(kernel, configs, x, silu, weights, iters // 2)
                     if best:
                         row[f"{prefix}_us"], row[f"{prefix}_config"] = best[0] * 1e6, best[1]

@@ -39,7 +39,7 @@ from verispec.kernels.pdl import launch_kwargs, wait_prior  # noqa: E402
 from verispec.models.layers.attention import AttentionMetadata  # noqa: E402
 
 MAX_SPLITS = 32
-PROGRAMS_PER_SM = 4
+PROGRAMS_PER_SM = 2  # 4 before: replay at batch 16 / 64 / 256 was 1,826 / 2,125 / 3,635 us, now 1,708 / 2,069 / 3,543
 POISON_SCRATCH = False  # tests: fill split-K partial buffers with NaN so unwritten entries show
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 _NUM_SMS: dict[int, int] = {}
@@ -201,7 +201,7 @@ def pick_num_splits(num_programs: int, device: torch.device) -> int:
     """Split-K factor from shapes only (graph-safe): about PROGRAMS_PER_SM programs per SM, so the
     key loop's memory latency is hidden by other programs (measured on the H200 with
     `verispec bench profile`: one program per (sequence, KV head) left batch-64 decode attention
-    at ~25% of HBM bandwidth)."""
+    at ~25% of HBM bandwidth; 2 per SM beat 4 at batch 16, 64 and 256, docs/BENCHMARKS.md)."""
     want = PROGRAMS_PER_SM * _num_sms(device)
     if num_programs >= want:
         return 1
