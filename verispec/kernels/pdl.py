@@ -12,8 +12,9 @@ so everything earlier is complete). The contract every kernel launched through `
 follows:
   * before `wait_prior(PDL)` it writes nothing, and reads only what the previous kernel cannot be
     writing: constants (weights, biases, norm weights) and, in kernels/qkv_rope.py, the step's
-    positions and slots (the model runs it right after an RMSNorm). Never an activation, the KV
-    cache or a scratch buffer. (A test must not create a weight with a kernel and pass it straight
+    positions and slots (in the model the kernel before it is the embedding, the previous layer's
+    down projection or an RMSNorm, none of which writes them). Never an activation, the KV cache
+    or a scratch buffer. (A test must not create a weight with a kernel and pass it straight
     to one of these kernels: make it on the CPU, or with a copy.)
   * `wait_prior(PDL)` waits for the previous kernel, then lets the next kernel launch.
 Kernels from torch or cuBLAS are launched without PDL and wait for everything before them as usual.

@@ -7,7 +7,8 @@ mixes, then rotates them (q and k heads), writes q to its output and k / v into 
 slot (slot < 0: not written). Like kernels/linear.py's GEMV, the program's weight rows sit in
 registers, loaded before the PDL wait, and so do the rows' positions, cos / sin and slots: the
 caller guarantees that the kernel launched right before this one does not write them (in the model
-it is the layer's input RMSNorm; kernels/pdl.py has the contract).
+it is the embedding, the previous layer's down projection or the input RMSNorm; kernels/pdl.py has
+the contract).
 
 Rounding matches the unfused path: the projection is accumulated in float32 and rounded to the
 activation dtype once, then rotated in float32 and rounded again.
@@ -59,7 +60,7 @@ def _qkv_rope_kernel(
     is_k = (head >= NUM_Q) & (head < NUM_Q + NUM_KV)
     kv_head = tl.where(is_k, head - NUM_Q, head - NUM_Q - NUM_KV)
     # The step's positions and slots come from the host copy before the forward, never from the
-    # kernel right before this one (an RMSNorm), so they too are read before the wait.
+    # kernel right before this one, so they too are read before the wait.
     rows = tl.arange(0, M_PAD)
     rows_ok = rows < M
     pos_all = tl.load(pos_ptr + rows, mask=rows_ok, other=0).to(tl.int64)
