@@ -212,3 +212,14 @@ def test_llamacpp_column_only_for_the_model_it_was_measured_on():
     assert llamacpp_reference("qwen2.5-coder-1.5b-instruct")["64"] == 13697.0
     assert llamacpp_reference("/tmp/models/qwen2.5-coder-1.5b-instruct.gguf")["256"] == 22592.0
     assert llamacpp_reference("/tmp/models/qwen2.5-coder-0.5b-instruct.gguf") == {}
+
+
+def test_profile_table_says_when_kernel_times_overlap():
+    """With PDL on, the per-kernel times include waits and overlap; the table must say so."""
+    from verispec.bench.profile import PDL_NOTE, format_profile
+
+    res = dict(batch=1, query_len=1, context=8, kernels=[dict(name="_gemv_kernel", per_step=2, us=5.0)],
+               categories=[dict(category="linear (Triton GEMV)", kernels=2, us=5.0)], kernel_us=5.0,
+               graph_us=6.0, bytes_per_step=1e6, ideal_us=0.2)
+    assert PDL_NOTE in format_profile({**res, "pdl": True})
+    assert PDL_NOTE not in format_profile({**res, "pdl": False})

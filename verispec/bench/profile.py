@@ -15,6 +15,7 @@ from collections import defaultdict
 import torch
 
 from verispec.bench.hardware import HBM_BYTES_PER_S, kv_bytes_per_token, weight_bytes_per_step
+from verispec.kernels.pdl import pdl_enabled
 from verispec.models.qwen2 import CausalLM
 
 CATEGORIES = (  # (category, substrings of the kernel name), first match wins
@@ -114,8 +115,12 @@ def run_profile(model: CausalLM, batch: int, query_len: int, context: int, iters
         "kernels": [dict(name=n_, per_step=c, us=us) for n_, c, us in kernels],
         "categories": [dict(category=k, kernels=c, us=us) for k, (c, us) in sorted(cats.items(), key=lambda x: -x[1][1])],
         "kernel_us": kernel_us, "graph_us": graph_us, "bytes_per_step": step_bytes,
-        "ideal_us": step_bytes / HBM_BYTES_PER_S * 1e6,
+        "ideal_us": step_bytes / HBM_BYTES_PER_S * 1e6, "pdl": pdl_enabled(device),
     }
+
+
+PDL_NOTE = ("(programmatic dependent launch is on: a kernel's time includes its wait for the one before, so the "
+            "rows overlap; VERISPEC_PDL=0 gives isolated kernel times, the replay time is the step's)")
 
 
 def format_profile(res: dict, top: int = 25) -> str:
@@ -123,6 +128,7 @@ def format_profile(res: dict, top: int = 25) -> str:
              f"kernels per step: {sum(c['kernels'] for c in res['categories']):.0f}, kernel time {res['kernel_us']:.0f} us; "
              f"CUDA-graph replay {res['graph_us']:.0f} us; bytes/step at 4.3 TB/s {res['ideal_us']:.0f} us "
              f"({100 * res['ideal_us'] / res['graph_us']:.0f}% of the hardware limit)",
+             *([PDL_NOTE] if res.get("pdl") else []),
              "", f"{'category':<24} {'kernels':>8} {'us/step':>9} {'share':>6}"]
     for c in res["categories"]:
         lines.append(f"{c['category']:<24} {c['kernels']:>8.0f} {c['us']:>9.1f} {100 * c['us'] / res['kernel_us']:>5.1f}%")
