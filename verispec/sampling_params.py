@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 
@@ -96,3 +97,19 @@ class SamplingParams:
     @property
     def needs_penalties(self) -> bool:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
+
+def with_output_kind(params: list[SamplingParams], kind: RequestOutputKind) -> list[SamplingParams]:
+    """params asking for `kind` outputs: those that already do as they are, copies of the others (one
+    copy per distinct object, so a list repeating one object repeats its copy); the caller's objects
+    are left unchanged."""
+    copies: dict[int, SamplingParams] = {}
+    out = []
+    for sp in params:
+        if sp.output_kind is not kind:
+            c = copies.get(id(sp))
+            if c is None:
+                c = copies[id(sp)] = dataclasses.replace(sp, output_kind=kind)
+            sp = c
+        out.append(sp)
+    return out

@@ -20,7 +20,7 @@ from verispec.config import EngineConfig, ModelConfig, SpeculativeConfig
 from verispec.engine.engine import LLMEngine
 from verispec.engine.setup import DTYPES, assemble_parts, load_model, resolve_device_dtype
 from verispec.models.qwen2 import CausalLM, build_model
-from verispec.sampling_params import RequestOutputKind, SamplingParams
+from verispec.sampling_params import RequestOutputKind, SamplingParams, with_output_kind
 
 BLOCK_SIZE = 16
 # Shapes of the registry models' GGUF files (both keep a separate output.weight), for --random-weights
@@ -257,11 +257,6 @@ def _spec_delta(m0: dict, m1: dict) -> dict:
 def context_reads(prompt_len: int, output_len: int) -> int:
     """KV entries a sequence's steps read when each step adds one token: (p + 1) + ... + (p + o)."""
     return output_len * prompt_len + output_len * (output_len + 1) // 2
-
-
-def with_output_kind(params: list[SamplingParams], kind: RequestOutputKind) -> list[SamplingParams]:
-    """params asking for `kind` outputs (copies where they ask for another; the caller's objects are kept)."""
-    return [sp if sp.output_kind is kind else dataclasses.replace(sp, output_kind=kind) for sp in params]
 
 
 def drive(engine: LLMEngine, prompt_ids: list[list[int]], params: list[SamplingParams],

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections.abc import Sequence
 
@@ -12,7 +11,7 @@ from verispec.config import EngineConfig, SpeculativeConfig
 from verispec.engine.engine import LLMEngine
 from verispec.loader.registry import DEFAULT_MODEL
 from verispec.outputs import RequestOutput
-from verispec.sampling_params import RequestOutputKind, SamplingParams
+from verispec.sampling_params import RequestOutputKind, SamplingParams, with_output_kind
 
 
 class LLM:
@@ -91,7 +90,7 @@ class LLM:
             params = list(sampling_params)
             if len(params) != len(items):
                 raise ValueError(f"got {len(params)} sampling_params for {len(items)} prompts")
-        params = _final_only(params)
+        params = with_output_kind(params, RequestOutputKind.FINAL_ONLY)  # generate() reads only the last
         ids = []
         try:
             for (text, toks), sp in zip(items, params, strict=True):
@@ -135,15 +134,3 @@ class LLM:
     def get_metrics(self) -> dict:
         return self.engine.get_metrics()
 
-
-def _final_only(params: list[SamplingParams]) -> list[SamplingParams]:
-    """Copies of params asking for FINAL_ONLY outputs (generate() reads only the final one, so the
-    engine builds no per-step outputs); the caller's objects are left as they are."""
-    copies: dict[int, SamplingParams] = {}
-    out = []
-    for sp in params:
-        c = copies.get(id(sp))
-        if c is None:
-            c = copies[id(sp)] = dataclasses.replace(sp, output_kind=RequestOutputKind.FINAL_ONLY)
-        out.append(c)
-    return out

@@ -33,12 +33,14 @@ if not torch.cuda.is_available():
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+_OFF = os.environ.get("VERISPEC_PDL", "1") == "0"  # read once: launch_kwargs runs at every launch
 _ENABLED: dict[int, bool] = {}
+_ON, _NO = {"PDL": True, "launch_pdl": True}, {"PDL": False}  # never mutated (callers unpack them)
 
 
 def pdl_enabled(device: torch.device) -> bool:
     """True where kernels on `device` are launched with PDL (CUDA, compute capability >= 9.0)."""
-    if device.type != "cuda" or os.environ.get("VERISPEC_PDL", "1") == "0":
+    if device.type != "cuda" or _OFF:
         return False
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _ENABLED:
@@ -48,8 +50,7 @@ def pdl_enabled(device: torch.device) -> bool:
 
 def launch_kwargs(device: torch.device) -> dict:
     """Keyword arguments for a Triton launch: the kernel's PDL constexpr and the launch flag."""
-    on = pdl_enabled(device)
-    return {"PDL": on, "launch_pdl": True} if on else {"PDL": False}
+    return _ON if pdl_enabled(device) else _NO
 
 
 @triton.jit
