@@ -40,21 +40,38 @@ from verispec.models.layers.attention import AttentionMetadata  # noqa: E402
 
 MAX_SPLITS = 32
 PROGRAMS_PER_SM = 2  # 4 before: replay at batch 16 / 64 / 256 was 1,826 / 2,125 / 3,635 us, now 1,708 / 2,069 / 3,543
+# Read the step's metadata before the PDL wait (the kernel before attention writes q and K/V only).
+META_EARLY = True
+# Split-K partials merged by the last program of each group (a counter per group) instead of a
+# second kernel; groups beyond MAX_FUSED_GROUPS (or a first call inside a graph capture, before the
+# counters exist) use the combine kernel.
+FUSE_COMBINE = True
+SPLIT_CHUNK = 4  # partials merged per round trip in the fused combine
+MAX_FUSED_GROUPS = 4096
 POISON_SCRATCH = False  # tests: fill split-K partial buffers with NaN so unwritten entries show
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 _NUM_SMS: dict[int, int] = {}
+_COUNTERS: dict[str, torch.Tensor] = {}
 
 
 @triton.jit
-def _attn_tile(q, k_ptr, v_ptr, bt_ptr, start, lo_key, hi, qpos, d, m_i, l_i, acc, scale_log2, stride_kvs,
-               BLOCK_N: tl.constexpr, PAGE: tl.constexpr, DOT_PREC: tl.constexpr, EARLY_V: tl.constexpr):
-    """One BLOCK_N-key step of the online softmax over keys [start, start + BLOCK_N) ∩ [lo_key, hi).
+def _tile_slots(bt_ptr, start, lo_key, hi, BLOCK_N: tl.constexpr, PAGE: tl.constexpr):
+    """Cache slots of keys [start, start + BLOCK_N) ∩ [lo_key, hi) (0 where outside)."""
+    n = start + tl.arange(0, BLOCK_N)
+    n_ok = (n < hi) & (n >= lo_key)
+    blk = tl.load(bt_ptr + n // PAGE, mask=n_ok, other=0)
+    return blk.to(tl.int64) * PAGE + n % PAGE
+
+
+@triton.jit
+def _attn_tile(q, k_ptr, v_ptr, slot, start, lo_key, hi, qpos, d, m_i, l_i, acc, scale_log2, stride_kvs,
+               BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, EARLY_V: tl.constexpr):
+    """One BLOCK_N-key step of the online softmax over keys [start, start + BLOCK_N) ∩ [lo_key, hi),
+    whose cache slots the caller loaded (one tile ahead, so the block-table read is off the path).
     EARLY_V: issue the V load with the K load (decode / verify, where a program sees few tiles and
     the two memory round trips would otherwise run one after the other)."""
     n = start + tl.arange(0, BLOCK_N)
     n_ok = (n < hi) & (n >= lo_key)
-    blk = tl.load(bt_ptr + n // PAGE, mask=n_ok, other=0)
-    slot = blk.to(tl.int64) * PAGE + n % PAGE
     kt = tl.load(k_ptr + slot[None, :] * stride_kvs + d[:, None], mask=n_ok[None, :], other=0.0)
     if EARLY_V:
         v = tl.load(v_ptr + slot[:, None] * stride_kvs + d[None, :], mask=n_ok[:, None], other=0.0)
@@ -73,22 +90,26 @@ def _attn_tile(q, k_ptr, v_ptr, bt_ptr, start, lo_key, hi, qpos, d, m_i, l_i, ac
 
 @triton.jit
 def _attn_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, po_ptr, pm_ptr, pl_ptr,
+    q_ptr, k_ptr, v_ptr, out_ptr, po_ptr, pm_ptr, pl_ptr, cnt_ptr,
     qsl_ptr, seq_lens_ptr, bt_ptr, kv_start_ptr,
     scale_log2, num_tokens,
     stride_qt, stride_qh, stride_kvs, stride_kvh, stride_ot, stride_oh, stride_bt,
     NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     DOT_PREC: tl.constexpr, WHILE_LOOP: tl.constexpr, CAUSAL: tl.constexpr, HAS_KV_START: tl.constexpr,
-    EARLY_V: tl.constexpr, PDL: tl.constexpr,
+    EARLY_V: tl.constexpr, META_EARLY: tl.constexpr, FUSE_COMBINE: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
-    wait_prior(PDL)
+    if not META_EARLY:
+        wait_prior(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     qt = tl.program_id(2) // NUM_SPLITS
     split = tl.program_id(2) % NUM_SPLITS
 
+    # The step's metadata (and the first tile's block ids): with META_EARLY read before the PDL wait,
+    # as the kernel before this one writes q and the KV cache, never the metadata (pdl.py).
     q_start = tl.load(qsl_ptr + b)
     q_len = tl.load(qsl_ptr + b + 1) - q_start
     seq_len = tl.load(seq_lens_ptr + b)
@@ -106,9 +127,6 @@ def _attn_kernel(
         qpos = tl.zeros([BLOCK_M], tl.int32) + seq_len - 1
     d = tl.arange(0, HEAD_DIM)
 
-    q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
-                mask=row_ok[:, None], other=0.0)
-
     # Keys this tile may see: up to its last query's position; then this split's share of them.
     last_q = tl.minimum(q_len, (qt + 1) * BLOCK_Q)
     if CAUSAL:
@@ -123,33 +141,84 @@ def _attn_kernel(
     per_split = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
     lo = split * per_split
     hi = tl.minimum(lo + per_split, kv_end)
+    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+    slot = _tile_slots(bt_row, lo, lo_key, hi, BLOCK_N, PAGE)
+    if META_EARLY:
+        wait_prior(PDL)
 
+    q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                mask=row_ok[:, None], other=0.0)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     k_base = k_ptr + kvh.to(tl.int64) * stride_kvh
     v_base = v_ptr + kvh.to(tl.int64) * stride_kvh
-    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     if WHILE_LOOP:  # the interpreter cannot take tensor bounds in range() (numpy 2)
         start = lo
         while start < hi:
-            m_i, l_i, acc = _attn_tile(q, k_base, v_base, bt_row, start, lo_key, hi, qpos, d, m_i, l_i, acc,
-                                       scale_log2, stride_kvs, BLOCK_N, PAGE, DOT_PREC, EARLY_V)
+            nxt = _tile_slots(bt_row, start + BLOCK_N, lo_key, hi, BLOCK_N, PAGE)
+            m_i, l_i, acc = _attn_tile(q, k_base, v_base, slot, start, lo_key, hi, qpos, d, m_i, l_i, acc,
+                                       scale_log2, stride_kvs, BLOCK_N, DOT_PREC, EARLY_V)
+            slot = nxt
             start += BLOCK_N
     else:
         for start in range(lo, hi, BLOCK_N):
-            m_i, l_i, acc = _attn_tile(q, k_base, v_base, bt_row, start, lo_key, hi, qpos, d, m_i, l_i, acc,
-                                       scale_log2, stride_kvs, BLOCK_N, PAGE, DOT_PREC, EARLY_V)
+            nxt = _tile_slots(bt_row, start + BLOCK_N, lo_key, hi, BLOCK_N, PAGE)
+            m_i, l_i, acc = _attn_tile(q, k_base, v_base, slot, start, lo_key, hi, qpos, d, m_i, l_i, acc,
+                                       scale_log2, stride_kvs, BLOCK_N, DOT_PREC, EARLY_V)
+            slot = nxt
 
+    out_rows = out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
     if NUM_SPLITS == 1:
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
-                 o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(out_rows, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
     else:
         row = (split * num_tokens + token) * NUM_HEADS + head  # partials: [S, T, H, (D)]
         tl.store(po_ptr + row[:, None] * HEAD_DIM + d[None, :], acc, mask=row_ok[:, None])
         tl.store(pm_ptr + row, m_i, mask=row_ok)
         tl.store(pl_ptr + row, l_i, mask=row_ok)
+        if FUSE_COMBINE:
+            # The last of the group's NUM_SPLITS programs to arrive merges the partials: every
+            # thread's stores, then a CTA barrier, then one release-acquire counter increment
+            # (the split-K semaphore pattern); the partials are read through L2 (.cg).
+            tl.debug_barrier()
+            cnt = cnt_ptr + (b * tl.num_programs(1) + kvh) * (tl.num_programs(2) // NUM_SPLITS) + qt
+            if tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
+                active = tl.cdiv(kv_end, tl.maximum(per_split, 1))  # splits that saw keys
+                _merge_partials(out_rows, po_ptr, pm_ptr, pl_ptr, token, head, row_ok, d, num_tokens,
+                                active, NUM_HEADS, HEAD_DIM, BLOCK_M, SPLIT_CHUNK)
+                tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+
+
+@triton.jit
+def _merge_partials(out_rows, po_ptr, pm_ptr, pl_ptr, token, head, row_ok, d, num_tokens, active,
+                    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                    SPLIT_CHUNK: tl.constexpr):
+    """out = the softmax-weighted merge of splits [0, active) of one tile's rows, SPLIT_CHUNK splits
+    per round trip (online: running max, sum and accumulator)."""
+    m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_run = tl.zeros([BLOCK_M], tl.float32)
+    o_run = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    c = tl.arange(0, SPLIT_CHUNK)
+    s0 = 0
+    while s0 < active:
+        s = s0 + c
+        ok = (s[:, None] < active) & row_ok[None, :]  # [C, M]
+        row = (s[:, None] * num_tokens + token[None, :]) * NUM_HEADS + head[None, :]
+        m = tl.load(pm_ptr + row, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        lsum = tl.load(pl_ptr + row, mask=ok, other=0.0, cache_modifier=".cg")
+        po = tl.load(po_ptr + row[:, :, None] * HEAD_DIM + d[None, None, :], mask=ok[:, :, None], other=0.0,
+                     cache_modifier=".cg")
+        m_new = tl.maximum(m_run, tl.max(m, 0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        w = tl.exp2(m - m_safe[None, :])  # [C, M]
+        alpha = tl.exp2(m_run - m_safe)
+        l_run = l_run * alpha + tl.sum(w * lsum, 0)
+        o_run = o_run * alpha[:, None] + tl.sum(po * w[:, :, None], 0)
+        m_run = m_new
+        s0 += SPLIT_CHUNK
+    o = o_run / tl.where(l_run > 0, l_run, 1.0)[:, None]
+    tl.store(out_rows, o.to(out_rows.dtype.element_ty), mask=row_ok[:, None])
 
 
 @triton.jit
@@ -197,6 +266,17 @@ def _tiles(num_heads: int, num_kv_heads: int, max_query_len: int) -> tuple[int, 
     return group_pad, block_q, triton.cdiv(max_query_len, block_q)
 
 
+def _group_counters(device: torch.device) -> torch.Tensor | None:
+    """The fused combine's per-group arrival counters on `device` (zero between launches: the last
+    program resets its group's), made once outside any CUDA-graph capture; None if not made yet."""
+    key = str(device)
+    if key not in _COUNTERS:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        _COUNTERS[key] = torch.zeros(MAX_FUSED_GROUPS, dtype=torch.int32, device=device)
+    return _COUNTERS[key]
+
+
 def pick_num_splits(num_programs: int, device: torch.device) -> int:
     """Split-K factor from shapes only (graph-safe): about PROGRAMS_PER_SM programs per SM, so the
     key loop's memory latency is hidden by other programs (measured on the H200 with
@@ -241,9 +321,12 @@ def triton_attention(
                 t.fill_(float("nan"))
     else:
         po = pm = pl = out  # unused
+    counters = None
+    if num_splits > 1 and FUSE_COMBINE and num_seqs * num_kv_heads * q_tiles <= MAX_FUSED_GROUPS:
+        counters = _group_counters(q.device)
     block_n = 64 if head_dim <= 128 else 32
     _attn_kernel[(num_seqs, num_kv_heads, q_tiles * num_splits)](
-        q, k_cache, v_cache, out, po, pm, pl,
+        q, k_cache, v_cache, out, po, pm, pl, counters if counters is not None else meta.seq_lens,
         meta.query_start_loc, meta.seq_lens, meta.block_tables,
         meta.kv_start if meta.kv_start is not None else meta.seq_lens,
         scale * 1.4426950408889634, num_tokens,
@@ -253,10 +336,10 @@ def triton_attention(
         BLOCK_N=block_n, HEAD_DIM=head_dim, PAGE=meta.block_size, NUM_SPLITS=num_splits,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", WHILE_LOOP=_INTERPRET,
         CAUSAL=meta.causal, HAS_KV_START=meta.kv_start is not None, EARLY_V=meta.max_query_len <= 16,
-        num_warps=4, num_stages=3,
+        META_EARLY=META_EARLY, FUSE_COMBINE=counters is not None, SPLIT_CHUNK=SPLIT_CHUNK, num_warps=4, num_stages=3,
         **launch_kwargs(q.device),
     )
-    if num_splits > 1:
+    if num_splits > 1 and counters is None:
         _combine_kernel[(num_tokens, num_heads)](
             out, po, pm, pl, num_tokens, out.stride(0), out.stride(1),
             NUM_HEADS=num_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
