@@ -5,12 +5,10 @@ replays are timed in interleaved rounds, so drift hits every variant alike. Each
 are compared with the first variant's (a race or a wrong merge shows as a large difference).
 
     python3 scripts/step_ablation.py --batch-sizes 1,64 --context 256 \
-        --variants base,combine-kernel,meta-late,no-attention,splits=8
-Variants (comma-separated, the first is the reference):
+        --variants base,meta-late,no-attention,splits=8,meta-late+splits=8
+Variants (comma-separated, the first is the reference; "+" joins patches):
   base               the defaults
-  combine-kernel     split-K partials merged by the separate combine kernel (FUSE_COMBINE off)
   meta-late          attention reads its metadata after the PDL wait (META_EARLY off)
-  old-attention      both of the above
   no-attention       attention replaced by returning q (what attention costs in the step)
   splits=N           attention's split-K factor forced to N
   pps=N              attention's PROGRAMS_PER_SM = N
@@ -44,15 +42,16 @@ def patch(model, name: str) -> list[tuple[object, str, object]]:
         undo.append((obj, attr, getattr(obj, attr)))
         setattr(obj, attr, val)
 
+    for part in name.split("+"):
+        _patch_one(model, part, setv)
+    return undo
+
+
+def _patch_one(model, name: str, setv) -> None:
     key, _, arg = name.partition("=")
     if key == "base":
         pass
-    elif key == "combine-kernel":
-        setv(pa, "FUSE_COMBINE", False)
     elif key == "meta-late":
-        setv(pa, "META_EARLY", False)
-    elif key == "old-attention":
-        setv(pa, "FUSE_COMBINE", False)
         setv(pa, "META_EARLY", False)
     elif key == "no-attention":
         setv(model, "attn_fn", lambda q, kv, meta, scale: q)
@@ -68,7 +67,6 @@ def patch(model, name: str) -> list[tuple[object, str, object]]:
         setv(pdl, "_ENABLED", {})
     else:
         raise SystemExit(f"unknown variant {name!r}")
-    return undo
 
 
 def unpatch(undo) -> None:
@@ -82,7 +80,7 @@ def main() -> int:
     ap.add_argument("--batch-sizes", default="1,64")
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--query-len", type=int, default=1)
-    ap.add_argument("--variants", default="base,old-attention,no-attention")
+    ap.add_argument("--variants", default="base,meta-late,no-attention")
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()

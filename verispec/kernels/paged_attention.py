@@ -42,16 +42,9 @@ MAX_SPLITS = 32
 PROGRAMS_PER_SM = 2  # 4 before: replay at batch 16 / 64 / 256 was 1,826 / 2,125 / 3,635 us, now 1,708 / 2,069 / 3,543
 # Read the step's metadata before the PDL wait (the kernel before attention writes q and K/V only).
 META_EARLY = True
-# Split-K partials merged by the last program of each group (a counter per group) instead of a
-# second kernel; groups beyond MAX_FUSED_GROUPS (or a first call inside a graph capture, before the
-# counters exist) use the combine kernel.
-FUSE_COMBINE = True
-SPLIT_CHUNK = 4  # partials merged per round trip in the fused combine
-MAX_FUSED_GROUPS = 4096
 POISON_SCRATCH = False  # tests: fill split-K partial buffers with NaN so unwritten entries show
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 _NUM_SMS: dict[int, int] = {}
-_COUNTERS: dict[str, torch.Tensor] = {}
 
 
 @triton.jit
@@ -90,14 +83,14 @@ def _attn_tile(q, k_ptr, v_ptr, slot, start, lo_key, hi, qpos, d, m_i, l_i, acc,
 
 @triton.jit
 def _attn_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, po_ptr, pm_ptr, pl_ptr, cnt_ptr,
+    q_ptr, k_ptr, v_ptr, out_ptr, po_ptr, pm_ptr, pl_ptr,
     qsl_ptr, seq_lens_ptr, bt_ptr, kv_start_ptr,
     scale_log2, num_tokens,
     stride_qt, stride_qh, stride_kvs, stride_kvh, stride_ot, stride_oh, stride_bt,
     NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     DOT_PREC: tl.constexpr, WHILE_LOOP: tl.constexpr, CAUSAL: tl.constexpr, HAS_KV_START: tl.constexpr,
-    EARLY_V: tl.constexpr, META_EARLY: tl.constexpr, FUSE_COMBINE: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
+    EARLY_V: tl.constexpr, META_EARLY: tl.constexpr,
     PDL: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
@@ -177,48 +170,6 @@ def _attn_kernel(
         tl.store(po_ptr + row[:, None] * HEAD_DIM + d[None, :], acc, mask=row_ok[:, None])
         tl.store(pm_ptr + row, m_i, mask=row_ok)
         tl.store(pl_ptr + row, l_i, mask=row_ok)
-        if FUSE_COMBINE:
-            # The last of the group's NUM_SPLITS programs to arrive merges the partials: every
-            # thread's stores, then a CTA barrier, then one release-acquire counter increment
-            # (the split-K semaphore pattern); the partials are read through L2 (.cg).
-            tl.debug_barrier()
-            cnt = cnt_ptr + (b * tl.num_programs(1) + kvh) * (tl.num_programs(2) // NUM_SPLITS) + qt
-            if tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
-                active = tl.cdiv(kv_end, tl.maximum(per_split, 1))  # splits that saw keys
-                _merge_partials(out_rows, po_ptr, pm_ptr, pl_ptr, token, head, row_ok, d, num_tokens,
-                                active, NUM_HEADS, HEAD_DIM, BLOCK_M, SPLIT_CHUNK)
-                tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")  # ready for the next launch
-
-
-@triton.jit
-def _merge_partials(out_rows, po_ptr, pm_ptr, pl_ptr, token, head, row_ok, d, num_tokens, active,
-                    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                    SPLIT_CHUNK: tl.constexpr):
-    """out = the softmax-weighted merge of splits [0, active) of one tile's rows, SPLIT_CHUNK splits
-    per round trip (online: running max, sum and accumulator)."""
-    m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_run = tl.zeros([BLOCK_M], tl.float32)
-    o_run = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    c = tl.arange(0, SPLIT_CHUNK)
-    s0 = 0
-    while s0 < active:
-        s = s0 + c
-        ok = (s[:, None] < active) & row_ok[None, :]  # [C, M]
-        row = (s[:, None] * num_tokens + token[None, :]) * NUM_HEADS + head[None, :]
-        m = tl.load(pm_ptr + row, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        lsum = tl.load(pl_ptr + row, mask=ok, other=0.0, cache_modifier=".cg")
-        po = tl.load(po_ptr + row[:, :, None] * HEAD_DIM + d[None, None, :], mask=ok[:, :, None], other=0.0,
-                     cache_modifier=".cg")
-        m_new = tl.maximum(m_run, tl.max(m, 0))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        w = tl.exp2(m - m_safe[None, :])  # [C, M]
-        alpha = tl.exp2(m_run - m_safe)
-        l_run = l_run * alpha + tl.sum(w * lsum, 0)
-        o_run = o_run * alpha[:, None] + tl.sum(po * w[:, :, None], 0)
-        m_run = m_new
-        s0 += SPLIT_CHUNK
-    o = o_run / tl.where(l_run > 0, l_run, 1.0)[:, None]
-    tl.store(out_rows, o.to(out_rows.dtype.element_ty), mask=row_ok[:, None])
 
 
 @triton.jit
@@ -266,17 +217,6 @@ def _tiles(num_heads: int, num_kv_heads: int, max_query_len: int) -> tuple[int, 
     return group_pad, block_q, triton.cdiv(max_query_len, block_q)
 
 
-def _group_counters(device: torch.device) -> torch.Tensor | None:
-    """The fused combine's per-group arrival counters on `device` (zero between launches: the last
-    program resets its group's), made once outside any CUDA-graph capture; None if not made yet."""
-    key = str(device)
-    if key not in _COUNTERS:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        _COUNTERS[key] = torch.zeros(MAX_FUSED_GROUPS, dtype=torch.int32, device=device)
-    return _COUNTERS[key]
-
-
 def pick_num_splits(num_programs: int, device: torch.device) -> int:
     """Split-K factor from shapes only (graph-safe): about PROGRAMS_PER_SM programs per SM, so the
     key loop's memory latency is hidden by other programs (measured on the H200 with
@@ -321,12 +261,9 @@ def triton_attention(
                 t.fill_(float("nan"))
     else:
         po = pm = pl = out  # unused
-    counters = None
-    if num_splits > 1 and FUSE_COMBINE and num_seqs * num_kv_heads * q_tiles <= MAX_FUSED_GROUPS:
-        counters = _group_counters(q.device)
     block_n = 64 if head_dim <= 128 else 32
     _attn_kernel[(num_seqs, num_kv_heads, q_tiles * num_splits)](
-        q, k_cache, v_cache, out, po, pm, pl, counters if counters is not None else meta.seq_lens,
+        q, k_cache, v_cache, out, po, pm, pl,
         meta.query_start_loc, meta.seq_lens, meta.block_tables,
         meta.kv_start if meta.kv_start is not None else meta.seq_lens,
         scale * 1.4426950408889634, num_tokens,
@@ -336,10 +273,10 @@ def triton_attention(
         BLOCK_N=block_n, HEAD_DIM=head_dim, PAGE=meta.block_size, NUM_SPLITS=num_splits,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", WHILE_LOOP=_INTERPRET,
         CAUSAL=meta.causal, HAS_KV_START=meta.kv_start is not None, EARLY_V=meta.max_query_len <= 16,
-        META_EARLY=META_EARLY, FUSE_COMBINE=counters is not None, SPLIT_CHUNK=SPLIT_CHUNK, num_warps=4, num_stages=3,
+        META_EARLY=META_EARLY, num_warps=4, num_stages=3,
         **launch_kwargs(q.device),
     )
-    if num_splits > 1 and counters is None:
+    if num_splits > 1:
         _combine_kernel[(num_tokens, num_heads)](
             out, po, pm, pl, num_tokens, out.stride(0), out.stride(1),
             NUM_HEADS=num_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,

@@ -11,9 +11,11 @@ A kernel may overlap only the kernel launched right before it (that one has pass
 so everything earlier is complete). The contract every kernel launched through `launch_kwargs`
 follows:
   * before `wait_prior(PDL)` it writes nothing, and reads only what the previous kernel cannot be
-    writing: constants (weights, biases, norm weights) and, in kernels/qkv_rope.py, the step's
+    writing: constants (weights, biases, norm weights); in kernels/qkv_rope.py, the step's
     positions and slots (in the model the kernel before it is the embedding, the previous layer's
-    down projection or an RMSNorm, none of which writes them). Never an activation, the KV cache
+    down projection or an RMSNorm, none of which writes them); in kernels/paged_attention.py, the
+    attention metadata (query_start_loc, seq_lens, kv_start, block_tables: every caller runs the
+    K/V-cache write or q's projection right before attention). Never an activation, the KV cache
     or a scratch buffer. (A test must not create a weight with a kernel and pass it straight
     to one of these kernels: make it on the CPU, or with a copy.)
   * `wait_prior(PDL)` waits for the previous kernel, then lets the next kernel launch.
