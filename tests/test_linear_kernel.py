@@ -116,3 +116,94 @@ def test_gemv_norm_prologue(device, dtype, m, n, k, silu, residual):
     else:
         assert new_res is x
     torch.testing.assert_close(out.float(), lin.skinny_linear_ref(normed, w, silu_mul=silu).float(), **tol(dtype))
+
+
+# Split-K (batched decode): small tiles forced on the CPU keep the interpreter quick; SPLIT_K 3 over K = 333
+# and BLOCK_K 64 gives three splits of 128 (two BLOCK_K iterations each), the last one cut at K.
+def splitk_cfg(split: int) -> dict:
+    return dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=64, SPLIT_K=split, num_warps=4, num_stages=2)
+
+
+@pytest.mark.parametrize("device,dtype", [CPU, GPU])
+@pytest.mark.parametrize("m,n,k", [(17, 51, 96), (37, 203, 333), (64, 51, 333)])
+@pytest.mark.parametrize("split", [1, 3])
+@pytest.mark.parametrize("bias", [False, True])
+def test_splitk_linear(device, dtype, m, n, k, split, bias):
+    x = rand(m, k, seed=m * 3 + n, device=device, dtype=dtype)
+    w = rand(n, k, seed=k + 5, device=device, dtype=dtype, scale=k**-0.5)
+    b = rand(n, seed=n + 6, device=device, dtype=dtype) if bias else None
+    cfg = splitk_cfg(split)
+    out = lin.splitk_linear(x, w, b, config=cfg)
+    assert cfg == splitk_cfg(split)  # the caller's config is not modified
+    assert out.shape == (m, n) and not out.isnan().any()
+    torch.testing.assert_close(out.float(), lin.skinny_linear_ref(x, w, b).float(), **tol(dtype))
+
+
+@pytest.mark.parametrize("device,dtype", [CPU, GPU])
+@pytest.mark.parametrize("m,inter,k,split", [(17, 26, 96, 1), (37, 101, 333, 3), (64, 19, 333, 3), (40, 70, 300, None)])
+def test_splitk_silu_mul_and_strided_rows(device, dtype, m, inter, k, split):
+    """SiLU-and-mul over [gate; up] on a row-strided x; split None takes splitk_config's tiles."""
+    base = rand(2 * m, k + 3, seed=inter + k, device=device, dtype=dtype)
+    x = base[::2, :k]
+    w = rand(2 * inter, k, seed=inter, device=device, dtype=dtype, scale=k**-0.5)
+    out = lin.splitk_linear(x, w, silu_mul=True, config=None if split is None else splitk_cfg(split))
+    assert out.shape == (m, inter)
+    torch.testing.assert_close(out.float(), lin.skinny_linear_ref(x, w, silu_mul=True).float(), **tol(dtype))
+
+
+def test_splitk_empty_rows():
+    x, w = torch.zeros(0, 40), torch.zeros(30, 40)
+    assert lin.splitk_linear(x, w).shape == (0, 30)
+
+
+@pytest.mark.parametrize("m", [17, 32, 64, 128, 256])
+def test_splitk_config(m):
+    """The table's invariants on the 1.5B shapes: power-of-two splits, each >= 2 BLOCK_K iterations, at most
+    ~2 programs per SM; None for the LM head."""
+    for n, k, silu in [(2048, 1536, False), (1536, 1536, False), (8960, 1536, True), (1536, 8960, False)]:
+        c = lin.splitk_config(m, n, k, silu)
+        assert c["BLOCK_M"] == min(64, max(16, 1 << (m - 1).bit_length()))
+        split = c["SPLIT_K"]
+        assert split & (split - 1) == 0 and (split == 1 or k >= 2 * split * c["BLOCK_K"])
+        ks, splits = lin.splitk_split(k, c["BLOCK_K"], split)
+        assert ks % c["BLOCK_K"] == 0 and (splits - 1) * ks < k <= splits * ks
+        programs = -(-m // c["BLOCK_M"]) * -(-n // c["BLOCK_N"]) * splits
+        assert split == 1 or programs <= 2 * lin.SPLITK_TARGET_PROGRAMS
+    assert lin.splitk_config(m, 151936, 1536) is None
+
+
+def test_splitk_max_rows_env():
+    """VERISPEC_SPLITK_MAX_ROWS sets SPLITK_MAX_ROWS at import (for an A/B run)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    checkout = str(Path(lin.__file__).resolve().parents[2])
+    env = dict(os.environ, VERISPEC_SPLITK_MAX_ROWS="128",
+               PYTHONPATH=os.pathsep.join(filter(None, [checkout, os.environ.get("PYTHONPATH")])))
+    code = "from verispec.kernels import linear as lin; print(lin.SPLITK_MAX_ROWS)"
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == "128"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_dispatch_on_cuda_splitk_rows(monkeypatch):
+    """Rows above SKINNY_MAX_ROWS take the split-K kernel up to SPLITK_MAX_ROWS (not the LM head); 0 turns it off."""
+    w = rand(2048, 1536, seed=1, device="cuda", dtype=torch.bfloat16, scale=1536**-0.5)
+    gu = rand(2 * 8960, 1536, seed=2, device="cuda", dtype=torch.bfloat16, scale=1536**-0.5)
+    x64 = rand(64, 1536, seed=3, device="cuda", dtype=torch.bfloat16)
+    monkeypatch.setattr(lin, "SPLITK_MAX_ROWS", 0)
+    assert lin._pick(x64, w) == "torch"
+    monkeypatch.setattr(lin, "SPLITK_MAX_ROWS", 128)
+    assert lin._pick(x64, w) == "splitk"
+    assert lin._pick(x64, gu, silu_mul=True) == "splitk"
+    assert lin._pick(x64, torch.zeros(151936, 1536, device="cuda")) == "torch"  # LM head: cuBLAS
+    assert lin._pick(torch.zeros(129, 1536, device="cuda", dtype=torch.bfloat16), w) == "torch"
+    assert lin._pick(torch.zeros(8, 1536, device="cuda", dtype=torch.bfloat16), w) == "skinny"
+    b = rand(2048, seed=4, device="cuda", dtype=torch.bfloat16)
+    torch.testing.assert_close(lin.linear(x64, w, b).float(), lin.skinny_linear_ref(x64, w, b).float(),
+                               **tol(torch.bfloat16))
+    torch.testing.assert_close(lin.gate_up_silu(x64, gu).float(),
+                               lin.skinny_linear_ref(x64, gu, silu_mul=True).float(), **tol(torch.bfloat16))

@@ -3,10 +3,12 @@
 For each of the model's weight shapes (fused qkv, o, fused gate_up with SiLU-and-mul, down, lm_head)
 and each row count M, times torch (F.linear, plus the separate SiLU-and-mul kernel for gate_up) and
 verispec's path (verispec.kernels.linear: the weight-resident GEMV for M <= GEMV_MAX_ROWS, the skinny
-Triton kernel up to SKINNY_MAX_ROWS where it wins, else torch). Each timed call reads a different copy of the weight (copies totalling > 4x the L2 cache),
+Triton kernel up to SKINNY_MAX_ROWS where it wins, the split-K kernel up to SPLITK_MAX_ROWS, else torch);
+from SKINNY_MAX_ROWS rows up also the split-K kernel with splitk_config's tiles, whatever the dispatch. Each timed call reads a different copy of the weight (copies totalling > 4x the L2 cache),
 so the figures are HBM bandwidth, not cache bandwidth; the calls are replayed from a CUDA graph, as
 in the engine, so they are GPU time without Python launch overhead. --sweep also tries a grid of tile sizes for
-the skinny kernel and the GEMV and prints the best of each per shape (how their tables were chosen).
+the skinny kernel, the GEMV and (from SKINNY_MAX_ROWS rows up) the split-K kernel and prints the best of each per
+shape (how their tables were chosen).
 """
 
 from __future__ import annotations
@@ -66,6 +68,36 @@ def _sweep_configs(m: int) -> list[dict]:
             for bm, bn, bk, w, s, d in grid]
 
 
+def _splitk_configs(m: int, n_out: int, k: int, silu: bool) -> list[dict]:
+    """The split-K kernel's sweep, pruned to ~100-170 compiles per M for the 1.5B's four shapes (qkv and o
+    share theirs; ~0.4 s each to compile for sm_90 on a 2-core CPU, so about a minute per M on the first
+    run, then Triton's cache):
+    BLOCK_M the power of two >= m (16..64), and half that (3 stages, 4 warps) where it splits the rows
+    into two full tiles; each split >= 2 BLOCK_K iterations (duplicates of the rounding of KS dropped);
+    100..800 programs (0.75..6 waves on 132 SMs); shared memory of the stages <= 200 KiB; 8 warps only
+    for 64 x 128 tiles; 4-5 stages only where the split has the iterations to fill them, 5 only with
+    BLOCK_K and BLOCK_N <= 64. splitk_config's choice is always in the grid."""
+    from verispec.kernels.linear import splitk_split
+
+    bm0 = min(64, max(16, triton.next_power_of_2(m)))
+    bms = [bm0] + ([bm0 // 2] if bm0 >= 32 and m <= bm0 and m % (bm0 // 2) == 0 else [])
+    seen, out = set(), []
+    for bm, bn, bk, sk, w, st in itertools.product(bms, [32, 64, 128], [64, 128, 256], [1, 2, 4, 8, 16], [4, 8],
+                                                   [3, 4, 5]):
+        ks, splits = splitk_split(k, bk, sk)
+        iters = ks // bk
+        programs = triton.cdiv(m, bm) * triton.cdiv(n_out, bn) * splits
+        key = (bm, bn, bk, ks, w, st)
+        if ((sk > 1 and iters < 2) or not 100 <= programs <= 800 or key in seen
+                or st * (bm + bn * (2 if silu else 1)) * bk * 2 > 200 << 10
+                or (st > 3 and st > iters + 1) or (st == 5 and (bk > 64 or bn > 64))
+                or (w == 8 and bm * bn < 64 * 128) or (bm < bm0 and (st > 3 or w > 4))):
+            continue
+        seen.add(key)
+        out.append(dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=w, num_stages=st))
+    return out
+
+
 def _gemv_configs() -> list[dict]:
     return [dict(BLOCK_N=bn, num_warps=w) for bn, w in itertools.product([1, 2, 4], [2, 4, 8, 16])]
 
@@ -109,10 +141,18 @@ def run_linear(cfg: ModelConfig, rows: list[int], device: torch.device, dtype: t
             row = dict(layer=name, m=m, n=n, k=k, weight_mb=wbytes / 1e6, torch_us=t_torch * 1e6, ours_us=t_ours * 1e6,
                        torch_gbs=wbytes / t_torch / 1e9, ours_gbs=wbytes / t_ours / 1e9,
                        ours_hw=wbytes / t_ours / HBM_BYTES_PER_S, speedup=t_torch / t_ours)
+            n_out = n // 2 if silu else n
+            splitk = lin.splitk_config(m, n_out, k, silu) if m >= lin.SKINNY_MAX_ROWS else None
+            if splitk:
+                t = _time(lambda w, x=x, silu=silu, c=splitk: lin.splitk_linear(x, w, silu_mul=silu, config=c),
+                          weights, iters)
+                row.update(splitk_us=t * 1e6, splitk_gbs=wbytes / t / 1e9, splitk_config=splitk)
             if sweep:
                 families = [("best", lin.skinny_linear, _sweep_configs(m))]
                 if m <= 4:
                     families.append(("gemv_best", lin.gemv, _gemv_configs()))
+                if splitk:
+                    families.append(("splitk_best", lin.splitk_linear, _splitk_configs(m, n_out, k, silu)))
                 for prefix, kernel, configs in families:
                     best = _best(kernel, configs, x, silu, weights, iters // 2)
                     if best:
@@ -133,4 +173,9 @@ def _fmt(r: dict) -> str:
         s += f" | best skinny {r['best_us']:.1f} us {r['best_gbs']:.0f} GB/s {r['best_config']}"
     if "gemv_best_config" in r:
         s += f" | best gemv {r['gemv_best_us']:.1f} us {r['gemv_best_gbs']:.0f} GB/s {r['gemv_best_config']}"
+    if "splitk_us" in r:
+        s += f" | splitk {r['splitk_us']:.1f} us {r['splitk_gbs']:.0f} GB/s (x{r['torch_us'] / r['splitk_us']:.2f})"
+    if "splitk_best_config" in r:
+        s += (f" | best splitk {r['splitk_best_us']:.1f} us {r['splitk_best_gbs']:.0f} GB/s "
+              f"(x{r['torch_us'] / r['splitk_best_us']:.2f}) {r['splitk_best_config']}")
     return s

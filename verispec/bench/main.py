@@ -120,7 +120,7 @@ def add_bench_parser(sub) -> None:
     p = kinds.add_parser("linear", help="the model's linear layers: verispec's kernels vs F.linear, GB/s")
     _common(p, DEFAULT_MODEL)
     p.add_argument("--rows", type=_ints, default=[1, 2, 4, 5, 8, 16, 64], help="rows of x (tokens in the step)")
-    p.add_argument("--sweep", action="store_true", help="also sweep the skinny kernel's tile sizes")
+    p.add_argument("--sweep", action="store_true", help="also sweep the skinny, GEMV and split-K kernels' tile sizes")
     p = kinds.add_parser("profile", help="per-kernel GPU time of one decode/verify step (torch profiler)")
     _common(p, DEFAULT_MODEL)
     p.add_argument("--batch-sizes", type=_ints, default=[1])

@@ -8,6 +8,10 @@ At batch-1 decode a linear layer is a matrix-vector product bound by reading W. 
     2.9 us, o 2.4, gate_up + SiLU-mul 14.6 (3.8 TB/s), down 8.4 (cuBLAS 11.2), LM head 103 (109).
   * _skinny_kernel (2..SKINNY_MAX_ROWS rows): narrow column blocks, K looped in tiles; cuBLAS keeps
     down_proj and the LM head there (skinny_config returns None).
+  * _splitk_kernel (batched decode, SKINNY_MAX_ROWS+1..SPLITK_MAX_ROWS rows): tl.dot tiles with K
+    split across programs, so that a narrow layer still has ~1-2 programs per SM; the float32 partial
+    sums go to a workspace that _splitk_reduce_kernel adds up (one kernel when SPLIT_K is 1). Off
+    until measured on the H200 (SPLITK_MAX_ROWS = 0).
 Epilogues fuse what follows:
   * bias add (Qwen2's q/k/v projection);
   * SiLU-and-mul for a fused [gate; up] weight (the MLP's first projection): the program reads
@@ -38,6 +42,10 @@ SKINNY_MAX_ROWS = 16  # above this many rows, cuBLAS tiles well enough
 # One row (batch-1 decode): the weight-resident GEMV for every layer, the LM head included. At 4 rows
 # it lost to cuBLAS on gate_up and down (27.0 / 15.1 us vs 18.1 / 11.4, `bench linear --sweep`).
 GEMV_MAX_ROWS = 1
+# Rows above SKINNY_MAX_ROWS and up to this take the split-K kernel (where splitk_config is not None).
+# 0: disabled until `bench linear --sweep` on the H200 shows it beating cuBLAS. VERISPEC_SPLITK_MAX_ROWS
+# overrides it (read once, at import) for an A/B run.
+SPLITK_MAX_ROWS = int(os.environ.get("VERISPEC_SPLITK_MAX_ROWS", "0"))
 
 
 @triton.jit
@@ -177,6 +185,155 @@ def skinny_linear(
     return out
 
 
+@triton.jit
+def _splitk_kernel(
+    x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, M, N_OUT, UP_OFFSET,
+    stride_xm, stride_wn, stride_om, K: tl.constexpr, KS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+):
+    """The part of out[m, n] = sum_k x[m, k] w[n, k] over program s's K range [s*KS, (s+1)*KS) (KS a
+    multiple of BLOCK_K; the last range is cut at K); SILU_MUL as _skinny_kernel.
+
+    Grid (M tiles, N tiles, SPLIT_K): the M tiles of one column block run next to each other, so a
+    weight tile read from HBM is still in L2 for the other M tiles. SPLIT_K == 1: bias, SiLU-and-mul
+    and the store here. Else the float32 partials go to ws [SPLIT_K, M, N_OUT] ([SPLIT_K, M, 2 N_OUT]
+    with SILU_MUL: gate columns, then up columns) for _splitk_reduce_kernel."""
+    wait_prior(PDL)
+    m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    s = tl.program_id(2)
+    m_ok = m < M
+    n_ok = n < N_OUT
+    kr = s * KS + tl.arange(0, BLOCK_K)
+    w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
+    x_rows = x_ptr + m.to(tl.int64)[:, None] * stride_xm
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, KS, BLOCK_K):  # a constant trip count; the K tail (last split) is masked
+        k = k0 + kr
+        k_ok = k < K
+        x = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += tl.dot(x, tl.trans(w))
+        if SILU_MUL:
+            wu = tl.load(w_rows + UP_OFFSET * stride_wn + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            acc_up += tl.dot(x, tl.trans(wu))
+    mask = m_ok[:, None] & n_ok[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        if SILU_MUL:
+            acc = acc / (1.0 + tl.exp(-acc)) * acc_up
+        out = out_ptr + m.to(tl.int64)[:, None] * stride_om + n[None, :]
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        ws_n = 2 * N_OUT if SILU_MUL else N_OUT
+        ws = ws_ptr + (s * M + m.to(tl.int64))[:, None] * ws_n + n[None, :]
+        tl.store(ws, acc, mask=mask)
+        if SILU_MUL:
+            tl.store(ws + N_OUT, acc_up, mask=mask)
+
+
+@triton.jit
+def _splitk_reduce_kernel(
+    ws_ptr, b_ptr, out_ptr, M, N_OUT, stride_om,
+    HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """out[m, n] = sum over the SPLIT_K partials in ws (+ b[n]), SiLU-and-mul'ed with the up partials
+    under SILU_MUL, rounded once to out's dtype. Grid (N blocks, M)."""
+    wait_prior(PDL)
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m = tl.program_id(1).to(tl.int64)
+    n_ok = n < N_OUT
+    ws_n = 2 * N_OUT if SILU_MUL else N_OUT
+    row = ws_ptr + m * ws_n + n
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    acc_up = tl.zeros([BLOCK_N], tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(row + s * M * ws_n, mask=n_ok, other=0.0)
+        if SILU_MUL:
+            acc_up += tl.load(row + s * M * ws_n + N_OUT, mask=n_ok, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
+    if SILU_MUL:
+        acc = acc / (1.0 + tl.exp(-acc)) * acc_up
+    tl.store(out_ptr + m * stride_om + n, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
+
+
+SPLITK_TARGET_PROGRAMS = 132  # the H200's SMs: aim for 1-2 programs per SM
+SPLITK_SMEM = 100 << 10  # shared memory of one program's pipeline stages: two fit in an SM's 228 KiB
+
+
+def splitk_config(m: int, n_out: int, k: int, silu_mul: bool = False) -> dict | None:
+    """Tiles for _splitk_kernel on an [m, k] x [k, n_out] product (m > SKINNY_MAX_ROWS), or None for the
+    LM head (n_out >= 32768: cuBLAS streams it at ~96% of HBM bandwidth).
+
+    A first guess, to be confirmed on the H200 with `verispec bench linear --sweep`: BLOCK_M the
+    smallest power of two >= m (16..64), BLOCK_N 64, 3 stages, and SPLIT_K doubled (a power of two)
+    while the grid (M tiles x N tiles x SPLIT_K) has fewer than 132 programs and stays <= 264 after
+    the doubling, each split keeping >= 2 iterations of BLOCK_K = 64. BLOCK_K is 128 where each split
+    still has >= 2 iterations of it and the 3 stages of x and weight tiles (bf16) fit two programs per
+    SM, else 64 (always with SiLU-and-mul: the gate and up tiles double the weight's share). 1.5B
+    shapes at m = 64: qkv SPLIT_K 8 (256 programs), o 8 (192), gate_up 1 (140), down 8 (192)."""
+    if n_out >= 32768:
+        return None
+    bm = min(64, max(16, triton.next_power_of_2(m)))
+    bn, stages = 64, 3
+    tiles = triton.cdiv(n_out, bn) * triton.cdiv(m, bm)
+    split = 1
+    while tiles * split < SPLITK_TARGET_PROGRAMS and tiles * split * 2 <= 2 * SPLITK_TARGET_PROGRAMS \
+            and k >= 2 * split * 2 * 64:
+        split *= 2
+    smem_128 = stages * (bm + bn * (2 if silu_mul else 1)) * 128 * 2
+    bk = 128 if k >= split * 2 * 128 and smem_128 <= SPLITK_SMEM else 64
+    return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, num_warps=4, num_stages=stages)
+
+
+def splitk_split(k: int, block_k: int, split_k: int) -> tuple[int, int]:
+    """(KS, splits): each split covers KS columns of K (a multiple of block_k), and `splits` =
+    cdiv(k, KS) <= split_k of them are non-empty (the rounding up of KS can leave fewer)."""
+    ks = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
+    return ks, triton.cdiv(k, ks)
+
+
+def splitk_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, silu_mul: bool = False,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """The split-K Triton path: x [M, K] (last dim contiguous) times weight [N, K]^T -> [M, N] (or
+    [M, N/2] with silu_mul, where weight stacks [gate; up]). The float32 workspace of a split K is
+    allocated per call (from the graph's pool under CUDA graph capture)."""
+    m, k = x.shape
+    n = weight.shape[0]
+    assert weight.shape[1] == k and weight.stride(1) == 1 and x.stride(1) == 1
+    n_out = n // 2 if silu_mul else n
+    out = torch.empty(m, n_out, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    cfg = dict(config or splitk_config(m, n_out, k, silu_mul) or _SPLITK_FALLBACK)
+    ks, split = splitk_split(k, cfg["BLOCK_K"], cfg.pop("SPLIT_K"))
+    ws = out if split == 1 else torch.empty(split, m, 2 * n_out if silu_mul else n_out, dtype=torch.float32,
+                                            device=x.device)
+    b = bias if bias is not None else weight
+    pdl = launch_kwargs(x.device)
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n_out, cfg["BLOCK_N"]), split)
+    _splitk_kernel[grid](
+        x, weight, b, out, ws, m, n_out, n_out if silu_mul else 0, x.stride(0), weight.stride(0), out.stride(0),
+        K=k, KS=ks, HAS_BIAS=bias is not None, SILU_MUL=silu_mul, SPLIT_K=split, **cfg, **pdl,
+    )
+    if split > 1:
+        _splitk_reduce_kernel[(triton.cdiv(n_out, _REDUCE_BLOCK), m)](
+            ws, b, out, m, n_out, out.stride(0), HAS_BIAS=bias is not None, SILU_MUL=silu_mul, SPLIT_K=split,
+            BLOCK_N=_REDUCE_BLOCK, num_warps=4, **pdl,
+        )
+    return out
+
+
+_REDUCE_BLOCK = 512
+
+
 def gemv_config(n_out: int, k: int, silu_mul: bool = False, norm: bool = False) -> dict:
     """Tiles for _gemv_kernel: each thread holds ~64 weight elements (1 or 2 output rows of the
     padded K per program, 2-16 warps). On the H200 (`bench linear --sweep`, 1.5B shapes, one row)
@@ -219,18 +376,22 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     return out if norm is None else (out, rout)
 
 
-# Tiles for shapes skinny_config leaves to cuBLAS, when skinny_linear is called on them anyway (tests).
+# Tiles for shapes skinny_config / splitk_config leave to cuBLAS, when called on them anyway (tests).
 _FALLBACK = dict(USE_DOT=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=128, num_warps=4, num_stages=3)
+_SPLITK_FALLBACK = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=4)
 
 
 def _pick(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False) -> str:
-    """Which path an x [M, K] @ weight^T takes: "gemv", "skinny" or "torch"."""
-    if not (x.is_cuda and x.dim() == 2 and 0 < x.shape[0] <= SKINNY_MAX_ROWS and x.stride(1) == 1):
+    """Which path an x [M, K] @ weight^T takes: "gemv", "skinny", "splitk" or "torch"."""
+    rows = x.shape[0] if x.dim() == 2 else 0
+    if not (x.is_cuda and 0 < rows <= max(SKINNY_MAX_ROWS, SPLITK_MAX_ROWS) and x.stride(1) == 1):
         return "torch"
     n_out = weight.shape[0] // 2 if silu_mul else weight.shape[0]
-    if x.shape[0] <= GEMV_MAX_ROWS:
+    if rows <= GEMV_MAX_ROWS:
         return "gemv"
-    return "skinny" if skinny_config(x.shape[0], n_out, x.shape[1], silu_mul) is not None else "torch"
+    if rows > SKINNY_MAX_ROWS:
+        return "splitk" if splitk_config(rows, n_out, x.shape[1], silu_mul) is not None else "torch"
+    return "skinny" if skinny_config(rows, n_out, x.shape[1], silu_mul) is not None else "torch"
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -240,6 +401,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return gemv(x, weight, bias)
     if path == "skinny":
         return skinny_linear(x, weight, bias)
+    if path == "splitk":
+        return splitk_linear(x, weight, bias)
     return F.linear(x, weight, bias)
 
 
@@ -250,6 +413,8 @@ def gate_up_silu(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
         return gemv(x, gate_up, silu_mul=True)
     if path == "skinny":
         return skinny_linear(x, gate_up, silu_mul=True)
+    if path == "splitk":
+        return splitk_linear(x, gate_up, silu_mul=True)
     y = F.linear(x, gate_up)
     inter = gate_up.shape[0] // 2
     if x.is_cuda:
