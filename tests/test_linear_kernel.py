@@ -158,8 +158,8 @@ def test_splitk_empty_rows():
 
 @pytest.mark.parametrize("m", [17, 32, 64, 128, 256])
 def test_splitk_config(m):
-    """The table's invariants on the 1.5B shapes: power-of-two splits, each >= 2 BLOCK_K iterations, at most
-    ~2 programs per SM; None for the LM head."""
+    """The table's invariants on the 1.5B shapes: power-of-two splits, each >= 2 BLOCK_K iterations, the
+    fewest that reach SPLITK_TARGET_PROGRAMS programs and SPLITK_MAX_KS columns per split; None for the LM head."""
     for n, k, silu in [(2048, 1536, False), (1536, 1536, False), (8960, 1536, True), (1536, 8960, False)]:
         c = lin.splitk_config(m, n, k, silu)
         assert c["BLOCK_M"] == min(64, max(16, 1 << (m - 1).bit_length()))
@@ -167,8 +167,9 @@ def test_splitk_config(m):
         assert split & (split - 1) == 0 and (split == 1 or k >= 2 * split * c["BLOCK_K"])
         ks, splits = lin.splitk_split(k, c["BLOCK_K"], split)
         assert ks % c["BLOCK_K"] == 0 and (splits - 1) * ks < k <= splits * ks
-        programs = -(-m // c["BLOCK_M"]) * -(-n // c["BLOCK_N"]) * splits
-        assert split == 1 or programs <= 2 * lin.SPLITK_TARGET_PROGRAMS
+        tiles = -(-m // c["BLOCK_M"]) * -(-n // c["BLOCK_N"])
+        half = split // 2
+        assert split == 1 or tiles * half < lin.SPLITK_TARGET_PROGRAMS or -(-k // half) > lin.SPLITK_MAX_KS
     assert lin.splitk_config(m, 151936, 1536) is None
 
 
@@ -202,6 +203,7 @@ def test_dispatch_on_cuda_splitk_rows(monkeypatch):
     assert lin._pick(x64, torch.zeros(151936, 1536, device="cuda")) == "torch"  # LM head: cuBLAS
     assert lin._pick(torch.zeros(129, 1536, device="cuda", dtype=torch.bfloat16), w) == "torch"
     assert lin._pick(torch.zeros(8, 1536, device="cuda", dtype=torch.bfloat16), w) == "skinny"
+    assert lin._pick(torch.zeros(lin.SPLITK_MIN_ROWS - 1, 1536, device="cuda", dtype=torch.bfloat16), w) == "torch"
     b = rand(2048, seed=4, device="cuda", dtype=torch.bfloat16)
     torch.testing.assert_close(lin.linear(x64, w, b).float(), lin.skinny_linear_ref(x64, w, b).float(),
                                **tol(torch.bfloat16))

@@ -8,10 +8,10 @@ At batch-1 decode a linear layer is a matrix-vector product bound by reading W. 
     2.9 us, o 2.4, gate_up + SiLU-mul 14.6 (3.8 TB/s), down 8.4 (cuBLAS 11.2), LM head 103 (109).
   * _skinny_kernel (2..SKINNY_MAX_ROWS rows): narrow column blocks, K looped in tiles; cuBLAS keeps
     down_proj and the LM head there (skinny_config returns None).
-  * _splitk_kernel (batched decode, SKINNY_MAX_ROWS+1..SPLITK_MAX_ROWS rows): tl.dot tiles with K
-    split across programs, so that a narrow layer still has ~1-2 programs per SM; the float32 partial
-    sums go to a workspace that _splitk_reduce_kernel adds up (one kernel when SPLIT_K is 1). Off
-    until measured on the H200 (SPLITK_MAX_ROWS = 0).
+  * _splitk_kernel (batched decode, SPLITK_MIN_ROWS..SPLITK_MAX_ROWS rows): tl.dot tiles with K
+    split across programs, so that a narrow layer still has ~1 program per SM; the float32 partial
+    sums go to a workspace that _splitk_reduce_kernel adds up (one kernel when SPLIT_K is 1). At
+    batch 64 it took the step from 1,982 to 1,910 us with a first tile table (cuBLAS elsewhere).
 Epilogues fuse what follows:
   * bias add (Qwen2's q/k/v projection);
   * SiLU-and-mul for a fused [gate; up] weight (the MLP's first projection): the program reads
@@ -42,10 +42,13 @@ SKINNY_MAX_ROWS = 16  # above this many rows, cuBLAS tiles well enough
 # One row (batch-1 decode): the weight-resident GEMV for every layer, the LM head included. At 4 rows
 # it lost to cuBLAS on gate_up and down (27.0 / 15.1 us vs 18.1 / 11.4, `bench linear --sweep`).
 GEMV_MAX_ROWS = 1
-# Rows above SKINNY_MAX_ROWS and up to this take the split-K kernel (where splitk_config is not None).
-# 0: disabled until `bench linear --sweep` on the H200 shows it beating cuBLAS. VERISPEC_SPLITK_MAX_ROWS
-# overrides it (read once, at import) for an A/B run.
-SPLITK_MAX_ROWS = int(os.environ.get("VERISPEC_SPLITK_MAX_ROWS", "0"))
+# Rows SPLITK_MIN_ROWS..SPLITK_MAX_ROWS take the split-K kernel (where splitk_config is not None). On
+# the H200 (`scripts/step_ablation.py`, 1.5B, context 256, the first tile table) the decode step's
+# replay with it against cuBLAS: batch 32 1,835 vs 1,819 us, 64 1,910 vs 1,982, 128 2,384 vs 2,308,
+# 256 3,700 vs 3,071; so 33..64 rows. VERISPEC_SPLITK_MAX_ROWS overrides the upper bound (read once,
+# at import; 0 turns it off) for an A/B run.
+SPLITK_MIN_ROWS = 33
+SPLITK_MAX_ROWS = int(os.environ.get("VERISPEC_SPLITK_MAX_ROWS", "64"))
 
 
 @triton.jit
@@ -262,32 +265,29 @@ def _splitk_reduce_kernel(
     tl.store(out_ptr + m * stride_om + n, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
 
 
-SPLITK_TARGET_PROGRAMS = 132  # the H200's SMs: aim for 1-2 programs per SM
-SPLITK_SMEM = 100 << 10  # shared memory of one program's pipeline stages: two fit in an SM's 228 KiB
+SPLITK_TARGET_PROGRAMS = 128  # about one program per SM of the H200 (132)
+SPLITK_MAX_KS = 1536  # columns of K per split at most (down_proj's 8960 -> 8 splits)
 
 
 def splitk_config(m: int, n_out: int, k: int, silu_mul: bool = False) -> dict | None:
     """Tiles for _splitk_kernel on an [m, k] x [k, n_out] product (m > SKINNY_MAX_ROWS), or None for the
-    LM head (n_out >= 32768: cuBLAS streams it at ~96% of HBM bandwidth).
+    LM head (n_out >= 32768: cuBLAS streams it at ~90% of HBM bandwidth).
 
-    A first guess, to be confirmed on the H200 with `verispec bench linear --sweep`: BLOCK_M the
-    smallest power of two >= m (16..64), BLOCK_N 64, 3 stages, and SPLIT_K doubled (a power of two)
-    while the grid (M tiles x N tiles x SPLIT_K) has fewer than 132 programs and stays <= 264 after
-    the doubling, each split keeping >= 2 iterations of BLOCK_K = 64. BLOCK_K is 128 where each split
-    still has >= 2 iterations of it and the 3 stages of x and weight tiles (bf16) fit two programs per
-    SM, else 64 (always with SiLU-and-mul: the gate and up tiles double the weight's share). 1.5B
-    shapes at m = 64: qkv SPLIT_K 8 (256 programs), o 8 (192), gate_up 1 (140), down 8 (192)."""
+    From `verispec bench linear --rows 64 --sweep` on the H200 (1.5B shapes, docs/BENCHMARKS.md):
+    BLOCK_N 32, BLOCK_M the smallest power of two >= m (16..64); SPLIT_K the smallest power of two
+    giving >= SPLITK_TARGET_PROGRAMS programs with each split at most SPLITK_MAX_KS columns of K;
+    BLOCK_K 128 (64 with SiLU-and-mul, whose gate and up tiles double the weight's share); 4 stages
+    where a split has >= 4 iterations, else 3. At m = 64 this is the sweep's best tile for qkv
+    (SPLIT_K 2), o (4), gate_up (1) and down (8, 4 stages instead of 3)."""
     if n_out >= 32768:
         return None
     bm = min(64, max(16, triton.next_power_of_2(m)))
-    bn, stages = 64, 3
+    bn, bk = 32, 64 if silu_mul else 128
     tiles = triton.cdiv(n_out, bn) * triton.cdiv(m, bm)
     split = 1
-    while tiles * split < SPLITK_TARGET_PROGRAMS and tiles * split * 2 <= 2 * SPLITK_TARGET_PROGRAMS \
-            and k >= 2 * split * 2 * 64:
+    while (tiles * split < SPLITK_TARGET_PROGRAMS or triton.cdiv(k, split) > SPLITK_MAX_KS) and k >= 2 * split * 2 * bk:
         split *= 2
-    smem_128 = stages * (bm + bn * (2 if silu_mul else 1)) * 128 * 2
-    bk = 128 if k >= split * 2 * 128 and smem_128 <= SPLITK_SMEM else 64
+    stages = 4 if triton.cdiv(k, split * bk) >= 4 else 3
     return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, num_warps=4, num_stages=stages)
 
 
@@ -390,7 +390,8 @@ def _pick(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False) -> str:
     if rows <= GEMV_MAX_ROWS:
         return "gemv"
     if rows > SKINNY_MAX_ROWS:
-        return "splitk" if splitk_config(rows, n_out, x.shape[1], silu_mul) is not None else "torch"
+        ok = SPLITK_MIN_ROWS <= rows <= SPLITK_MAX_ROWS and splitk_config(rows, n_out, x.shape[1], silu_mul)
+        return "splitk" if ok else "torch"
     return "skinny" if skinny_config(rows, n_out, x.shape[1], silu_mul) is not None else "torch"
 
 
