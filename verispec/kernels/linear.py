@@ -115,7 +115,7 @@ def _skinny_kernel(
     x_ptr, w_ptr, b_ptr, out_ptr, M, N_OUT, UP_OFFSET,
     stride_xm, stride_wn, stride_om, K: tl.constexpr,
     HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, USE_DOT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr, PDL: tl.constexpr,
 ):
     """out[m, n] = sum_k x[m, k] w[n, k] (+ b[n]); SILU_MUL: silu(that) * (same with row n + UP_OFFSET)."""
     wait_prior(PDL)
@@ -134,13 +134,13 @@ def _skinny_kernel(
         x = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         if USE_DOT:
-            acc += tl.dot(x, tl.trans(w))
+            acc += tl.dot(x, tl.trans(w), input_precision=DOT_PREC)
         else:
             acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
         if SILU_MUL:
             wu = tl.load(w_rows + UP_OFFSET * stride_wn + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
             if USE_DOT:
-                acc_up += tl.dot(x, tl.trans(wu))
+                acc_up += tl.dot(x, tl.trans(wu), input_precision=DOT_PREC)
             else:
                 acc_up += tl.sum(x.to(tl.float32)[:, None, :] * wu.to(tl.float32)[None, :, :], axis=2)
     if HAS_BIAS:
@@ -183,9 +183,15 @@ def skinny_linear(
     _skinny_kernel[grid](
         x, weight, bias if bias is not None else weight, out, m, n_out, n_out if silu_mul else 0,
         x.stride(0), weight.stride(0), out.stride(0), K=k,
-        HAS_BIAS=bias is not None, SILU_MUL=silu_mul, **cfg, **launch_kwargs(x.device),
+        HAS_BIAS=bias is not None, SILU_MUL=silu_mul, DOT_PREC=_dot_prec(x), **cfg, **launch_kwargs(x.device),
     )
     return out
+
+
+def _dot_prec(x: torch.Tensor) -> str:
+    """tl.dot's precision: exact float32 products for float32 inputs (TF32 would round them and part
+    from F.linear), the native one otherwise."""
+    return "ieee" if x.dtype == torch.float32 else "tf32"
 
 
 @triton.jit
@@ -193,7 +199,7 @@ def _splitk_kernel(
     x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, M, N_OUT, UP_OFFSET,
     stride_xm, stride_wn, stride_om, K: tl.constexpr, KS: tl.constexpr,
     HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, SPLIT_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr, PDL: tl.constexpr,
 ):
     """The part of out[m, n] = sum_k x[m, k] w[n, k] over program s's K range [s*KS, (s+1)*KS) (KS a
     multiple of BLOCK_K; the last range is cut at K); SILU_MUL as _skinny_kernel.
@@ -218,10 +224,10 @@ def _splitk_kernel(
         k_ok = k < K
         x = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += tl.dot(x, tl.trans(w))
+        acc += tl.dot(x, tl.trans(w), input_precision=DOT_PREC)
         if SILU_MUL:
             wu = tl.load(w_rows + UP_OFFSET * stride_wn + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-            acc_up += tl.dot(x, tl.trans(wu))
+            acc_up += tl.dot(x, tl.trans(wu), input_precision=DOT_PREC)
     mask = m_ok[:, None] & n_ok[None, :]
     if SPLIT_K == 1:
         if HAS_BIAS:
@@ -321,7 +327,7 @@ def splitk_linear(
     grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n_out, cfg["BLOCK_N"]), split)
     _splitk_kernel[grid](
         x, weight, b, out, ws, m, n_out, n_out if silu_mul else 0, x.stride(0), weight.stride(0), out.stride(0),
-        K=k, KS=ks, HAS_BIAS=bias is not None, SILU_MUL=silu_mul, SPLIT_K=split, **cfg, **pdl,
+        K=k, KS=ks, HAS_BIAS=bias is not None, SILU_MUL=silu_mul, SPLIT_K=split, DOT_PREC=_dot_prec(x), **cfg, **pdl,
     )
     if split > 1:
         _splitk_reduce_kernel[(triton.cdiv(n_out, _REDUCE_BLOCK), m)](
