@@ -13,6 +13,7 @@ Variants (comma-separated, the first is the reference; "+" joins patches):
   splits=N           attention's split-K factor forced to N
   pps=N              attention's PROGRAMS_PER_SM = N
   splitk=R           the split-K GEMM for up to R rows (linear.SPLITK_MAX_ROWS = R)
+  splitk-min=R       the split-K GEMM from R rows (linear.SPLITK_MIN_ROWS = R)
   no-pdl             programmatic dependent launch off
 """
 
@@ -62,6 +63,8 @@ def _patch_one(model, name: str, setv) -> None:
         setv(pa, "PROGRAMS_PER_SM", int(arg))
     elif key == "splitk":
         setv(linear, "SPLITK_MAX_ROWS", int(arg))
+    elif key == "splitk-min":
+        setv(linear, "SPLITK_MIN_ROWS", int(arg))
     elif key == "no-pdl":
         setv(pdl, "_OFF", True)
         setv(pdl, "_ENABLED", {})
