@@ -82,6 +82,16 @@ def test_decode_many_splits(device, dtype):
 
 
 @pytest.mark.parametrize("device,dtype", DEVICES)
+@pytest.mark.parametrize("meta_early,early_kv", [(True, False), (False, False)])
+def test_decode_verify_without_early_loads(device, dtype, meta_early, early_kv, monkeypatch):
+    """The switches behind the PDL-early loads (metadata, the first tile's older K/V) compute the
+    same attention when off (the default has both on and runs in every other test)."""
+    monkeypatch.setattr(pa, "META_EARLY", meta_early)
+    monkeypatch.setattr(pa, "EARLY_KV", early_kv)
+    run_attention([(1, 37), (1, 133), (4, 70), (4, 4)], 12, 2, 64, 16, device, dtype, seed=31, splits=(1, 2))
+
+
+@pytest.mark.parametrize("device,dtype", DEVICES)
 @pytest.mark.parametrize("k", [1, 3, 7])
 def test_verify(device, dtype, k):
     shapes = [(1 + k, 1 + k), (1 + k, 45), (1 + k, 97), (1 + k, 20)]

@@ -209,3 +209,16 @@ def test_dispatch_on_cuda_splitk_rows(monkeypatch):
                                **tol(torch.bfloat16))
     torch.testing.assert_close(lin.gate_up_silu(x64, gu).float(),
                                lin.skinny_linear_ref(x64, gu, silu_mul=True).float(), **tol(torch.bfloat16))
+
+
+@pytest.mark.parametrize("device,dtype", [CPU, GPU])
+def test_gemv_float32_out_is_rounded_like_a_cast(device, dtype):
+    """out_dtype=float32 (the batch-1 logits) stores exactly F.linear's rounding, widened: what a
+    separate .float() of the x-dtype result gives."""
+    x = rand(1, 96, seed=41, device=device, dtype=dtype)
+    w = rand(203, 96, seed=42, device=device, dtype=dtype, scale=96**-0.5)
+    wide = lin.gemv(x, w, out_dtype=torch.float32)
+    assert wide.dtype == torch.float32
+    assert torch.equal(wide, lin.gemv(x, w).float())
+    assert torch.equal(lin.linear(x.cpu().float(), w.cpu().float(), out_dtype=torch.float64),
+                       torch.nn.functional.linear(x.cpu().float(), w.cpu().float()).double())

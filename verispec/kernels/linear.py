@@ -106,7 +106,8 @@ def _gemv_kernel(
         if SILU_MUL:
             up = tl.sum(wu.to(tl.float32) * x, axis=1)
             acc = acc / (1.0 + tl.exp(-acc)) * up
-        tl.store(out_ptr + m * stride_om + n, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
+        # Rounded to x's dtype first, also into a float32 out (logits): as F.linear(...).float().
+        tl.store(out_ptr + m * stride_om + n, acc.to(x_ptr.dtype.element_ty).to(out_ptr.dtype.element_ty), mask=n_ok)
         m += 1
 
 
@@ -357,9 +358,10 @@ NORM_ROWS = 2
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, silu_mul: bool = False,
          config: dict | None = None, norm: tuple[torch.Tensor, float] | None = None,
-         residual: torch.Tensor | None = None):
+         residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None):
     """The weight-resident Triton GEMV: x [M, K] (few rows, last dim contiguous) times weight
-    [N, K]^T -> [M, N] (or [M, N/2] with silu_mul, where weight stacks [gate; up]).
+    [N, K]^T -> [M, N] (or [M, N/2] with silu_mul, where weight stacks [gate; up]). out_dtype
+    (e.g. float32 for logits): the result rounded to x's dtype, stored widened (no cast kernel).
 
     norm=(weight, eps) applies RMSNorm to x first (after adding `residual`, as fused.rms_norm);
     then returns (out, the new residual x + residual, or x without one)."""
@@ -368,7 +370,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     assert weight.shape[1] == k and weight.stride(1) == 1 and x.stride(1) == 1
     assert residual is None or (residual.shape == x.shape and residual.is_contiguous())
     n_out = n // 2 if silu_mul else n
-    out = torch.empty(m, n_out, dtype=x.dtype, device=x.device)
+    out = torch.empty(m, n_out, dtype=out_dtype or x.dtype, device=x.device)
     rout = torch.empty_like(x) if norm is not None and residual is not None else x
     if m:
         cfg = dict(config or gemv_config(n_out, k, silu_mul, norm is not None))
@@ -401,16 +403,20 @@ def _pick(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False) -> str:
     return "skinny" if skinny_config(rows, n_out, x.shape[1], silu_mul) is not None else "torch"
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear, through a Triton kernel where it pays (CUDA, few rows, a shape it wins on)."""
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias).to(out_dtype), through a Triton kernel where it pays (CUDA, few
+    rows, a shape it wins on); the GEMV stores out_dtype itself (batch-1 logits: one kernel less)."""
     path = _pick(x, weight)
     if path == "gemv":
-        return gemv(x, weight, bias)
+        return gemv(x, weight, bias, out_dtype=out_dtype)
     if path == "skinny":
-        return skinny_linear(x, weight, bias)
-    if path == "splitk":
-        return splitk_linear(x, weight, bias)
-    return F.linear(x, weight, bias)
+        y = skinny_linear(x, weight, bias)
+    elif path == "splitk":
+        y = splitk_linear(x, weight, bias)
+    else:
+        y = F.linear(x, weight, bias)
+    return y if out_dtype is None else y.to(out_dtype)
 
 
 def gate_up_silu(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:

@@ -174,8 +174,9 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits in float32 for the given hidden states."""
-        fast = self.model.norm.use_triton and hidden.is_cuda
-        return (linear if fast else F.linear)(hidden, self.lm_head_weight).float()
+        if self.model.norm.use_triton and hidden.is_cuda:
+            return linear(hidden, self.lm_head_weight, out_dtype=torch.float32)
+        return F.linear(hidden, self.lm_head_weight).float()
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """Parameters under Hugging Face's names (the fused projections split back, as views)."""
