@@ -9,8 +9,6 @@ are compared with the first variant's (a race or a wrong merge shows as a large 
 Variants (comma-separated, the first is the reference; "+" joins patches):
   base               the defaults
   meta-late          attention reads its metadata after the PDL wait (META_EARLY off)
-  kv-late            decode attention loads no K/V before the PDL wait (EARLY_KV off)
-  combine-warps=N    warps of the split-K combine kernel
   logits-cast        the LM head's output cast to float32 by a separate kernel
   no-attention       attention replaced by returning q (what attention costs in the step)
   splits=N           attention's split-K factor forced to N
@@ -57,10 +55,6 @@ def _patch_one(model, name: str, setv) -> None:
         pass
     elif key == "meta-late":
         setv(pa, "META_EARLY", False)
-    elif key == "kv-late":
-        setv(pa, "EARLY_KV", False)
-    elif key == "combine-warps":
-        setv(pa, "COMBINE_WARPS", int(arg))
     elif key == "logits-cast":  # the LM head in x's dtype, then a separate cast kernel to float32
         setv(model, "compute_logits", lambda h: linear.linear(h, model.lm_head_weight).float())
     elif key == "no-attention":

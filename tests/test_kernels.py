@@ -82,12 +82,10 @@ def test_decode_many_splits(device, dtype):
 
 
 @pytest.mark.parametrize("device,dtype", DEVICES)
-@pytest.mark.parametrize("meta_early,early_kv", [(True, False), (False, False)])
-def test_decode_verify_without_early_loads(device, dtype, meta_early, early_kv, monkeypatch):
-    """The switches behind the PDL-early loads (metadata, the first tile's older K/V) compute the
-    same attention when off (the default has both on and runs in every other test)."""
-    monkeypatch.setattr(pa, "META_EARLY", meta_early)
-    monkeypatch.setattr(pa, "EARLY_KV", early_kv)
+def test_decode_verify_metadata_after_wait(device, dtype, monkeypatch):
+    """META_EARLY off (the metadata read after the PDL wait) computes the same attention (the
+    default reads it before and runs in every other test)."""
+    monkeypatch.setattr(pa, "META_EARLY", False)
     run_attention([(1, 37), (1, 133), (4, 70), (4, 4)], 12, 2, 64, 16, device, dtype, seed=31, splits=(1, 2))
 
 

@@ -42,9 +42,6 @@ MAX_SPLITS = 32
 PROGRAMS_PER_SM = 2  # 4 before: replay at batch 16 / 64 / 256 was 1,826 / 2,125 / 3,635 us, now 1,708 / 2,069 / 3,543
 # Read the step's metadata before the PDL wait (the kernel before attention writes q and K/V only).
 META_EARLY = True
-# With META_EARLY, decode / verify: the first tile's older keys and values also before the wait.
-EARLY_KV = True
-COMBINE_WARPS = 1
 POISON_SCRATCH = False  # tests: fill split-K partial buffers with NaN so unwritten entries show
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 _NUM_SMS: dict[int, int] = {}
@@ -100,7 +97,7 @@ def _attn_kernel(
     NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     DOT_PREC: tl.constexpr, WHILE_LOOP: tl.constexpr, CAUSAL: tl.constexpr, HAS_KV_START: tl.constexpr,
-    EARLY_V: tl.constexpr, META_EARLY: tl.constexpr, EARLY_KV: tl.constexpr, PDL: tl.constexpr,
+    EARLY_V: tl.constexpr, META_EARLY: tl.constexpr, PDL: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
     if not META_EARLY:
@@ -147,16 +144,6 @@ def _attn_kernel(
     slot = _tile_slots(bt_row, lo, lo_key, hi, BLOCK_N, PAGE)
     k_base = k_ptr + kvh.to(tl.int64) * stride_kvh
     v_base = v_ptr + kvh.to(tl.int64) * stride_kvh
-    if EARLY_KV:
-        # The first tile's keys older than this step's queries (positions < ctx0) were written by
-        # earlier steps, never by the kernel right before this one (pdl.py): load them before the
-        # wait, and this step's own keys after it.
-        n0 = lo + tl.arange(0, BLOCK_N)
-        n0_ok = (n0 < hi) & (n0 >= lo_key)
-        old = n0_ok & (n0 < ctx0)
-        kt0 = tl.load(k_base + slot[None, :] * stride_kvs + d[:, None], mask=old[None, :], other=0.0)
-        v0 = tl.load(v_base + slot[:, None] * stride_kvs + d[None, :], mask=old[:, None], other=0.0)
-        slot1 = _tile_slots(bt_row, lo + BLOCK_N, lo_key, hi, BLOCK_N, PAGE)
     if META_EARLY:
         wait_prior(PDL)
 
@@ -165,19 +152,8 @@ def _attn_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    first = lo
-    if EARLY_KV:  # the first tile, peeled (an empty one leaves m, l and acc as they are)
-        new = n0_ok & (n0 >= ctx0)
-        kt0 = tl.where(new[None, :], tl.load(k_base + slot[None, :] * stride_kvs + d[:, None], mask=new[None, :],
-                                             other=0.0), kt0)
-        v0 = tl.where(new[:, None], tl.load(v_base + slot[:, None] * stride_kvs + d[None, :], mask=new[:, None],
-                                            other=0.0), v0)
-        p, alpha, m_i, l_i = _softmax_step(q, kt0, n0, n0_ok, qpos, m_i, l_i, scale_log2, DOT_PREC)
-        acc = tl.dot(p.to(v0.dtype), v0, input_precision=DOT_PREC)  # acc was 0: alpha needn't apply
-        first = lo + BLOCK_N
-        slot = slot1
     if WHILE_LOOP:  # the interpreter cannot take tensor bounds in range() (numpy 2)
-        start = first
+        start = lo
         while start < hi:
             nxt = _tile_slots(bt_row, start + BLOCK_N, lo_key, hi, BLOCK_N, PAGE)
             m_i, l_i, acc = _attn_tile(q, k_base, v_base, slot, start, lo_key, hi, qpos, d, m_i, l_i, acc,
@@ -185,7 +161,7 @@ def _attn_kernel(
             slot = nxt
             start += BLOCK_N
     else:
-        for start in range(first, hi, BLOCK_N):
+        for start in range(lo, hi, BLOCK_N):
             nxt = _tile_slots(bt_row, start + BLOCK_N, lo_key, hi, BLOCK_N, PAGE)
             m_i, l_i, acc = _attn_tile(q, k_base, v_base, slot, start, lo_key, hi, qpos, d, m_i, l_i, acc,
                                        scale_log2, stride_kvs, BLOCK_N, DOT_PREC, EARLY_V)
@@ -303,15 +279,14 @@ def triton_attention(
         BLOCK_N=block_n, HEAD_DIM=head_dim, PAGE=meta.block_size, NUM_SPLITS=num_splits,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", WHILE_LOOP=_INTERPRET,
         CAUSAL=meta.causal, HAS_KV_START=meta.kv_start is not None, EARLY_V=meta.max_query_len <= 16,
-        META_EARLY=META_EARLY, EARLY_KV=EARLY_KV and META_EARLY and meta.max_query_len <= 16,
-        num_warps=4, num_stages=3,
+        META_EARLY=META_EARLY, num_warps=4, num_stages=3,
         **launch_kwargs(q.device),
     )
     if num_splits > 1:
         _combine_kernel[(num_tokens, num_heads)](
             out, po, pm, pl, num_tokens, out.stride(0), out.stride(1),
             NUM_HEADS=num_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
-            SPLIT_PAD=triton.next_power_of_2(num_splits), num_warps=COMBINE_WARPS, **launch_kwargs(q.device),
+            SPLIT_PAD=triton.next_power_of_2(num_splits), num_warps=1, **launch_kwargs(q.device),
         )
     return out
 
