@@ -166,17 +166,22 @@ def skinny_config(m: int, n_out: int, k: int, silu_mul: bool = False) -> dict | 
     return dict(USE_DOT=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, num_warps=4, num_stages=4)
 
 
+def _out_for(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool) -> tuple[int, int, int, torch.Tensor]:
+    """(M, K, N_out, an empty [M, N_out] output in x's dtype) for x [M, K] @ weight [N, K]^T, after
+    checking the shapes and the unit strides the kernels assume."""
+    m, k = x.shape
+    assert weight.shape[1] == k and weight.stride(1) == 1 and x.stride(1) == 1
+    n_out = weight.shape[0] // 2 if silu_mul else weight.shape[0]
+    return m, k, n_out, torch.empty(m, n_out, dtype=x.dtype, device=x.device)
+
+
 def skinny_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, silu_mul: bool = False,
     config: dict | None = None,
 ) -> torch.Tensor:
     """The Triton path: x [M, K] (last dim contiguous) times weight [N, K]^T -> [M, N] (or [M, N/2]
     with silu_mul, where weight stacks [gate; up])."""
-    m, k = x.shape
-    n = weight.shape[0]
-    assert weight.shape[1] == k and weight.stride(1) == 1 and x.stride(1) == 1
-    n_out = n // 2 if silu_mul else n
-    out = torch.empty(m, n_out, dtype=x.dtype, device=x.device)
+    m, k, n_out, out = _out_for(x, weight, silu_mul)
     if m == 0:
         return out
     cfg = dict(config or skinny_config(m, n_out, k, silu_mul) or _FALLBACK)
@@ -312,11 +317,7 @@ def splitk_linear(
     """The split-K Triton path: x [M, K] (last dim contiguous) times weight [N, K]^T -> [M, N] (or
     [M, N/2] with silu_mul, where weight stacks [gate; up]). The float32 workspace of a split K is
     allocated per call (from the graph's pool under CUDA graph capture)."""
-    m, k = x.shape
-    n = weight.shape[0]
-    assert weight.shape[1] == k and weight.stride(1) == 1 and x.stride(1) == 1
-    n_out = n // 2 if silu_mul else n
-    out = torch.empty(m, n_out, dtype=x.dtype, device=x.device)
+    m, k, n_out, out = _out_for(x, weight, silu_mul)
     if m == 0:
         return out
     cfg = dict(config or splitk_config(m, n_out, k, silu_mul) or _SPLITK_FALLBACK)
