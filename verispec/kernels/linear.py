@@ -11,7 +11,7 @@ At batch-1 decode a linear layer is a matrix-vector product bound by reading W. 
   * _splitk_kernel (batched decode, SPLITK_MIN_ROWS..SPLITK_MAX_ROWS rows): tl.dot tiles with K
     split across programs, so that a narrow layer still has ~1 program per SM; the float32 partial
     sums go to a workspace that _splitk_reduce_kernel adds up (one kernel when SPLIT_K is 1). At
-    batch 64 it took the step from 1,982 to 1,910 us with a first tile table (cuBLAS elsewhere).
+    batch 64 (1.5B, context 256) the step's replay is 1,855 us with it, 1,960 with cuBLAS.
 Epilogues fuse what follows:
   * bias add (Qwen2's q/k/v projection);
   * SiLU-and-mul for a fused [gate; up] weight (the MLP's first projection): the program reads
@@ -43,9 +43,9 @@ SKINNY_MAX_ROWS = 16  # above this many rows, cuBLAS tiles well enough
 # it lost to cuBLAS on gate_up and down (27.0 / 15.1 us vs 18.1 / 11.4, `bench linear --sweep`).
 GEMV_MAX_ROWS = 1
 # Rows SPLITK_MIN_ROWS..SPLITK_MAX_ROWS take the split-K kernel (where splitk_config is not None). On
-# the H200 (`scripts/step_ablation.py`, 1.5B, context 256, the first tile table) the decode step's
-# replay with it against cuBLAS: batch 32 1,835 vs 1,819 us, 64 1,910 vs 1,982, 128 2,384 vs 2,308,
-# 256 3,700 vs 3,071; so 33..64 rows. VERISPEC_SPLITK_MAX_ROWS overrides the upper bound (read once,
+# the H200 (`scripts/step_ablation.py`, 1.5B, context 256) the decode step's replay with it against
+# cuBLAS: batch 32 1,833 vs 1,799 us, 64 1,855 vs 1,961, 128 2,614 vs 2,312, 256 4,083 vs 3,068;
+# so 33..64 rows. VERISPEC_SPLITK_MAX_ROWS overrides the upper bound (read once,
 # at import; 0 turns it off) for an A/B run.
 SPLITK_MIN_ROWS = 33
 SPLITK_MAX_ROWS = int(os.environ.get("VERISPEC_SPLITK_MAX_ROWS", "64"))
