@@ -109,3 +109,39 @@ def test_lazy_capture_on_first_use(monkeypatch):
         torch.testing.assert_close(got.hidden, want[0], atol=0, rtol=0)
         torch.testing.assert_close(got.captured[0], want[1], atol=0, rtol=0)
     assert sorted(lazy.graphs) == [(1, 1), (2, 3), (4, 3)]  # (4, 3) captured once for two runs
+
+
+@pytest.mark.parametrize("n,b,q,width", [(3, 4, 1, 2), (2, 4, 3, 5), (1, 1, 1, 6), (4, 4, 3, 1)])
+def test_stage_kernel_matches_torch_copies(n, b, q, width):
+    """kernels/graph_inputs.py (one kernel per replay on CUDA; the interpreter here) writes the static
+    buffers exactly as the torch copies and padding fills do, whatever the buffers held before."""
+    from verispec.kernels.graph_inputs import stage_graph_inputs
+
+    model = tiny_model(tiny_config(vocab=VOCAB))
+    model.attn_fn = metadata_attention
+    kv = allocate_kv_cache(model.config.num_layers, 12, 4, model.config.num_kv_heads, model.config.head_dim,
+                           torch.float32, "cpu")
+    runners = [CudaGraphRunner(model, kv, max_batch=4, query_lens=(1, 3), block_size=4, max_blocks_per_seq=6,
+                               capture=False) for _ in range(2)]
+    g = torch.Generator().manual_seed(n * 10 + q)
+    t = n * q
+    src = (torch.randint(0, VOCAB, (t,), generator=g), torch.randint(0, 20, (t,), generator=g),
+           torch.randint(0, 44, (t,), generator=g), torch.arange(n + 1, dtype=torch.int32) * q,
+           torch.randint(q, 24, (n,), generator=g, dtype=torch.int32),
+           torch.randint(0, 11, (n, width), generator=g, dtype=torch.int32))
+    bufs = [(r.input_ids, r.positions, r.slot_mapping, r.query_start_loc, r.seq_lens, r.block_tables) for r in runners]
+    for buf in bufs[1]:
+        buf.fill_(-7)  # stale values the kernel must overwrite
+    runners[0]._stage(src[0], src[1], _meta_of(src), n, b, q)
+    stage_graph_inputs(src, bufs[1], n, b, q, runners[1].scratch_block, 4)
+    rows = (b * q, b * q, b * q, b + 1, b, b)
+    for name, want, got, m in zip(("ids", "positions", "slots", "qsl", "seq_lens", "tables"), *bufs, rows,
+                                  strict=True):
+        assert torch.equal(got[:m], want[:m]), name
+
+
+def _meta_of(src):
+    from verispec.models.layers.attention import AttentionMetadata
+
+    return AttentionMetadata(slot_mapping=src[2], query_start_loc=src[3], seq_lens=src[4], block_tables=src[5],
+                             max_query_len=1, max_seq_len=24, block_size=4)

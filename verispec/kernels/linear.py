@@ -359,10 +359,12 @@ NORM_ROWS = 2
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, silu_mul: bool = False,
          config: dict | None = None, norm: tuple[torch.Tensor, float] | None = None,
-         residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None):
+         residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
+         out: torch.Tensor | None = None):
     """The weight-resident Triton GEMV: x [M, K] (few rows, last dim contiguous) times weight
     [N, K]^T -> [M, N] (or [M, N/2] with silu_mul, where weight stacks [gate; up]). out_dtype
-    (e.g. float32 for logits): the result rounded to x's dtype, stored widened (no cast kernel).
+    (e.g. float32 for logits): the result rounded to x's dtype, stored widened (no cast kernel);
+    out: the buffer to store it in (rows contiguous; its dtype is the output dtype).
 
     norm=(weight, eps) applies RMSNorm to x first (after adding `residual`, as fused.rms_norm);
     then returns (out, the new residual x + residual, or x without one)."""
@@ -371,7 +373,9 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     assert weight.shape[1] == k and weight.stride(1) == 1 and x.stride(1) == 1
     assert residual is None or (residual.shape == x.shape and residual.is_contiguous())
     n_out = n // 2 if silu_mul else n
-    out = torch.empty(m, n_out, dtype=out_dtype or x.dtype, device=x.device)
+    if out is None:
+        out = torch.empty(m, n_out, dtype=out_dtype or x.dtype, device=x.device)
+    assert out.shape == (m, n_out) and out.stride(1) == 1
     rout = torch.empty_like(x) if norm is not None and residual is not None else x
     if m:
         cfg = dict(config or gemv_config(n_out, k, silu_mul, norm is not None))
@@ -405,18 +409,21 @@ def _pick(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False) -> str:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+           out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, weight, bias).to(out_dtype), through a Triton kernel where it pays (CUDA, few
-    rows, a shape it wins on); the GEMV stores out_dtype itself (batch-1 logits: one kernel less)."""
+    rows, a shape it wins on); the GEMV stores out_dtype itself (batch-1 logits: one kernel less).
+    out: a buffer of that dtype to write the result into (returned)."""
     path = _pick(x, weight)
     if path == "gemv":
-        return gemv(x, weight, bias, out_dtype=out_dtype)
+        return gemv(x, weight, bias, out_dtype=out_dtype, out=out)
     if path == "skinny":
         y = skinny_linear(x, weight, bias)
     elif path == "splitk":
         y = splitk_linear(x, weight, bias)
     else:
         y = F.linear(x, weight, bias)
+    if out is not None:
+        return out.copy_(y)
     return y if out_dtype is None else y.to(out_dtype)
 
 

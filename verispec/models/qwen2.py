@@ -172,11 +172,12 @@ class CausalLM(nn.Module):
         x, _ = self.model.norm(x, residual)
         return x, captured
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits in float32 for the given hidden states."""
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits in float32 for the given hidden states (written into `out` if given)."""
         if self.model.norm.use_triton and hidden.is_cuda:
-            return linear(hidden, self.lm_head_weight, out_dtype=torch.float32)
-        return F.linear(hidden, self.lm_head_weight).float()
+            return linear(hidden, self.lm_head_weight, out_dtype=torch.float32, out=out)
+        logits = F.linear(hidden, self.lm_head_weight)
+        return logits.float() if out is None else out.copy_(logits)
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """Parameters under Hugging Face's names (the fused projections split back, as views)."""

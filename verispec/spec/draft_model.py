@@ -25,7 +25,7 @@ from verispec.models.qwen2 import CausalLM
 from verispec.spec.proposer import Proposal, Proposer
 from verispec.worker.inputs import SeqChunk, allocate_kv_cache, build_batch, to_device
 from verispec.worker.runner import sample_key
-from verispec.worker.sampler import probs_from_logits, row_params
+from verispec.worker.sampler import argmax, probs_from_logits, row_params
 from verispec.worker.token_state import PLACEHOLDER, DeviceTokens, combine_inputs
 
 
@@ -137,7 +137,7 @@ class DraftModelProposer(Proposer):
         return self.model.compute_logits(hidden[last])
 
     def _sample(self, reqs: list[Request], logits: torch.Tensor, probs: dict, step: int) -> torch.Tensor:
-        toks = logits.argmax(-1)
+        toks = argmax(logits)
         if all(r.params.greedy for r in reqs):
             return toks
         rp = row_params([r.params for r in reqs], [1] * len(reqs), logits.shape[-1], logits.device)

@@ -21,6 +21,7 @@ last block of the cache; give the BlockManager num_blocks - 1).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import NamedTuple
 
@@ -30,6 +31,8 @@ from verispec.models.layers.attention import AttentionMetadata, reference_attent
 from verispec.models.qwen2 import CausalLM
 
 log = logging.getLogger("verispec")
+# Stage a replay's inputs with one kernel on CUDA (VERISPEC_STAGE_KERNEL=0: the torch copies; A/B).
+STAGE_KERNEL = os.environ.get("VERISPEC_STAGE_KERNEL", "1") != "0"
 
 
 def capture_graph(forward, pool, error_mode: str = "global"):
@@ -47,8 +50,9 @@ def capture_graph(forward, pool, error_mode: str = "global"):
 
 
 class GraphOutput(NamedTuple):
-    """A replay's results for the real tokens. hidden/captured are private copies; logits (only
-    with with_logits) is a view of a static buffer, valid until the next run: index it at once."""
+    """A replay's results for the real tokens. captured are private copies; hidden and logits (only
+    with with_logits) are views of static buffers, valid until the next run: use them at once (in
+    stream order before the next replay, as every reader queued right after run() is)."""
 
     hidden: torch.Tensor  # [T, hidden]
     captured: list[torch.Tensor]
@@ -134,13 +138,33 @@ class CudaGraphRunner:
         self.seq_lens[n:b].fill_(q)
         self.block_tables[:b].fill_(self.scratch_block)
 
+    def _stage(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, n: int, b: int,
+               q: int) -> None:
+        """The step's inputs into the static buffers, rows n..b-1 as padding: one kernel on CUDA
+        (kernels/graph_inputs.py), torch copies and fills otherwise."""
+        src = (input_ids, positions, meta.slot_mapping, meta.query_start_loc, meta.seq_lens, meta.block_tables)
+        dst = (self.input_ids, self.positions, self.slot_mapping, self.query_start_loc, self.seq_lens,
+               self.block_tables)
+        if STAGE_KERNEL and self.input_ids.is_cuda and all(x.is_cuda for x in src):
+            from verispec.kernels.graph_inputs import stage_graph_inputs
+
+            stage_graph_inputs(src, dst, n, b, q, self.scratch_block, self.block_size)
+            return
+        self._fill(n, b, q)
+        t = n * q
+        for x, buf in zip(src[:3], dst[:3], strict=True):
+            buf[:t].copy_(x, non_blocking=True)
+        self.query_start_loc[: n + 1].copy_(meta.query_start_loc, non_blocking=True)
+        self.seq_lens[:n].copy_(meta.seq_lens, non_blocking=True)
+        self.block_tables[:n, : meta.block_tables.shape[1]].copy_(meta.block_tables, non_blocking=True)
+
     def _forward(self, b: int, q: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
         tp = b * q
         hidden, captured = self.model(
             self.input_ids[:tp], self.positions[:tp], self._meta(b, q), self.kv_caches, self.capture_layers
         )
         if self.logits is not None:
-            self.logits[:tp].copy_(self.model.compute_logits(hidden))
+            self.model.compute_logits(hidden, out=self.logits[:tp])
         return hidden, captured
 
     @torch.inference_mode()
@@ -202,13 +226,7 @@ class CudaGraphRunner:
             return None
         if self.lazy and (b, query_len) not in self.graphs:
             self._capture_now(b, query_len)  # before staging the inputs: capturing rewrites the buffers
-        self._fill(num_seqs, b, query_len)
-        self.input_ids[:t].copy_(input_ids, non_blocking=True)
-        self.positions[:t].copy_(positions, non_blocking=True)
-        self.slot_mapping[:t].copy_(meta.slot_mapping, non_blocking=True)
-        self.query_start_loc[: num_seqs + 1].copy_(meta.query_start_loc, non_blocking=True)
-        self.seq_lens[:num_seqs].copy_(meta.seq_lens, non_blocking=True)
-        self.block_tables[:num_seqs, : meta.block_tables.shape[1]].copy_(meta.block_tables, non_blocking=True)
+        self._stage(input_ids, positions, meta, num_seqs, b, query_len)
         entry = self.graphs.get((b, query_len))
         if entry is not None:
             graph, hidden, captured = entry
@@ -216,6 +234,5 @@ class CudaGraphRunner:
         else:  # capture=False
             hidden, captured = self._forward(b, query_len)
         return GraphOutput(
-            hidden[:t].clone(), [c[:t].clone() for c in captured],
-            self.logits[:t] if self.logits is not None else None,
+            hidden[:t], [c[:t].clone() for c in captured], self.logits[:t] if self.logits is not None else None,
         )

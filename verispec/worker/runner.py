@@ -20,11 +20,20 @@ import torch
 
 from verispec.engine import faults
 from verispec.engine.scheduler import ScheduledRequest, SchedulerOutput
+from verispec.kernels.argmax import argmax_rows
 from verispec.models.layers.attention import AttentionMetadata, build_reference_indices, reference_attention
 from verispec.models.qwen2 import CausalLM
 from verispec.spec.verify import rejection_sample, verify_greedy, verify_random
 from verispec.worker.inputs import Staging, allocate_kv_cache, extend_slots, padded_tables, to_device
-from verispec.worker.sampler import RowParams, apply_penalties, probs_from_logits, row_params, top_logprobs
+from verispec.worker.sampler import (
+    RowParams,
+    apply_penalties,
+    argmax,
+    probs_from_logits,
+    row_params,
+    top_logprobs,
+    triton_argmax_ok,
+)
 from verispec.worker.token_state import PLACEHOLDER, DeviceTokens, Owner, check_fresh, gather_plan
 
 
@@ -232,6 +241,7 @@ class ModelRunner:
             self.eager_steps += 1
         handle = StepHandle(sched, hb.sampling, captured, hb.offsets)
         if hb.sampling:
+            # The graph's hidden states are a view of its static buffer: read here, before the next replay.
             self._sample(handle, hb, inp, hidden if inp.logit_rows is None else hidden[inp.logit_rows], draft_probs)
         return handle
 
@@ -401,16 +411,18 @@ class ModelRunner:
         greedy = all(s.request.params.greedy for s, _ in sampling)
         if drafts is None:
             if greedy:  # plain greedy decode: one logit row per request
+                if triton_argmax_ok(logits):  # the kernel writes the counts too (one kernel less)
+                    return argmax_rows(logits, with_counts=True), 1
                 return torch.cat([logits.argmax(-1), self._ones(num)]), 1
             drafts = logits.new_empty((num, 0), dtype=torch.long)
         kmax = drafts.shape[1]
         if kmax:  # padded drafts are -2, so they never match
-            argmax = logits.argmax(-1)[row_idx.view(num, kmax + 1)]
-            num_acc = (argmax[:, :kmax] == drafts).long().cumprod(-1).sum(-1)
+            top = argmax(logits)[row_idx.view(num, kmax + 1)]
+            num_acc = (top[:, :kmax] == drafts).long().cumprod(-1).sum(-1)
         else:
-            argmax = logits.argmax(-1)[:, None]
+            top = argmax(logits)[:, None]
             num_acc = torch.zeros(num, dtype=torch.long, device=logits.device)
-        tokens = argmax if greedy else self._sample_random(logits, sampling, drafts, draft_probs, argmax.clone(), num_acc)
+        tokens = top if greedy else self._sample_random(logits, sampling, drafts, draft_probs, top.clone(), num_acc)
         cols = self._arange(kmax + 1)
         tokens = torch.where(cols[None, :] <= num_acc[:, None], tokens, PLACEHOLDER)
         return torch.cat([tokens.reshape(-1), num_acc + 1]), kmax + 1

@@ -17,6 +17,29 @@ from verispec.worker.inputs import to_device
 GREEDY_TEMPERATURE = 1e-5  # rows at or below it are greedy
 
 
+# Rows up to which argmax takes the Triton kernels. On the H200 they cost 1.9 + 1.9 us of GPU time
+# for one 151,936-wide row against torch's 9.0 (step 1,148 vs 1,159 us at batch 1), but 51 us of
+# host time per call against 33 (`scripts/step_trace.py`, docs/BENCHMARKS.md); at batch 64 the
+# engine is host-bound, so there torch's single launch wins.
+ARGMAX_TRITON_MAX_ROWS = 16
+
+
+def triton_argmax_ok(logits: torch.Tensor) -> bool:
+    """Whether argmax takes kernels/argmax.py: float32 CUDA logits of at most ARGMAX_TRITON_MAX_ROWS rows."""
+    return (logits.is_cuda and logits.dtype == torch.float32 and logits.stride(-1) == 1
+            and logits.shape[0] <= ARGMAX_TRITON_MAX_ROWS)
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Row-wise argmax of logits [R, V] (first index on ties): the Triton kernels where
+    triton_argmax_ok, torch otherwise."""
+    if triton_argmax_ok(logits):
+        from verispec.kernels.argmax import argmax_rows
+
+        return argmax_rows(logits)
+    return logits.argmax(-1)
+
+
 @dataclass
 class RowParams:
     """Per-row sampling parameters as device tensors (R rows)."""
