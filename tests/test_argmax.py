@@ -11,7 +11,7 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("rows,n", [(1, 5), (3, CHUNK), (2, 2 * CHUNK + 77), (5, 151936)])
+@pytest.mark.parametrize("rows,n", [(1, 5), (3, CHUNK), (2, 2 * CHUNK + 77), (3, 151936)])
 def test_argmax_rows_matches_torch(device, rows, n):
     g = torch.Generator().manual_seed(rows * n)
     x = torch.randn(rows, n, generator=g)
