@@ -1,13 +1,20 @@
-"""The host-side fast paths equal their plain definitions: n-gram lookup, cache slots, staging."""
+"""The host-side fast paths equal their plain definitions: n-gram lookup, cache slots, staging,
+the decode-step input lists."""
 
 from __future__ import annotations
 
 import random
 
 import torch
+from tiny import tiny_config, tiny_model
 
+from verispec import SamplingParams
+from verispec.engine.request import Request
+from verispec.engine.scheduler import ScheduledRequest, SchedulerOutput
 from verispec.spec.ngram import ngram_lookup
 from verispec.worker.inputs import Staging, extend_slots, padded_tables
+from verispec.worker.runner import ModelRunner, _decode_only
+from verispec.worker.token_state import PLACEHOLDER
 
 
 def ngram_reference(tokens: list[int], k: int, n_min: int, n_max: int) -> list[int]:
@@ -57,3 +64,43 @@ def test_staging_round_trip_and_ring():
     second = st.stage([list(range(20))], [[5] * 9])  # grows its slot; the first step's views stay intact
     assert second[0].tolist() == list(range(20)) and second[1].tolist() == [5] * 9
     assert first[0].tolist() == [1, 2, 3]
+
+
+def _decode_batch(rng: random.Random) -> list[ScheduledRequest]:
+    """One-token chunks: mostly decode rows (the last token, a PLACEHOLDER or a known value),
+    some one-token prefill chunks that sample or not."""
+    batch = []
+    for r in range(rng.randrange(1, 9)):
+        prompt = [rng.randrange(64) for _ in range(rng.randrange(1, 12))]
+        out = [rng.randrange(64) for _ in range(rng.randrange(0, 6))]
+        if out and rng.random() < 0.5:
+            out[-1] = PLACEHOLDER  # the overlapped loop's last token: only the device knows it
+        req = Request(f"r{r}", prompt, SamplingParams(), output_token_ids=out, block_ids=rng.sample(range(64), 5))
+        total = len(prompt) + len(out)
+        start = total - 1 if rng.random() < 0.7 else rng.randrange(total)
+        batch.append(ScheduledRequest(req, start, 1, 0))
+    return batch
+
+
+def test_assemble_decode_fast_path_matches_general():
+    runner = ModelRunner(tiny_model(tiny_config(vocab=64)), num_blocks=64, block_size=4,
+                         device=torch.device("cpu"), dtype=torch.float32)
+    rng = random.Random(3)
+    for _ in range(300):
+        scheduled = _decode_batch(rng)
+        assert _decode_only(scheduled)
+        for s in scheduled:
+            s.output_base = -1  # set by both paths for the sampled rows only
+        fast = runner._assemble_decode(scheduled)
+        fast_bases = [s.output_base for s in scheduled]
+        for s in scheduled:
+            s.output_base = -1
+        general = runner._assemble_chunks(SchedulerOutput(scheduled))
+        assert fast_bases == [s.output_base for s in scheduled]
+        for name in ("ids", "positions", "slots", "placeholders", "query_lens", "seq_lens", "tables",
+                     "sampling", "logit_rows", "offsets"):
+            assert getattr(fast, name) == getattr(general, name), name
+        assert fast.draft_pos == [] and not any(general.draft_pos)  # no drafts either way
+    two = _decode_batch(rng) + [ScheduledRequest(Request("x", [1, 2, 3], SamplingParams(), block_ids=[0]), 0, 3, 0)]
+    assert not _decode_only(two)
+    assert not _decode_only([ScheduledRequest(Request("d", [1], SamplingParams(), spec_token_ids=[PLACEHOLDER]), 1, 1, 1)])

@@ -75,6 +75,11 @@ class Request:
             return self.prompt_token_ids[start:end]
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - p]
 
+    def token_at(self, i: int) -> int:
+        """all_token_ids[i] (0 <= i < num_tokens) without building the whole list."""
+        p = len(self.prompt_token_ids)
+        return self.output_token_ids[i - p] if i >= p else self.prompt_token_ids[i]
+
     @property
     def is_finished(self) -> bool:
         return self.status == Status.FINISHED

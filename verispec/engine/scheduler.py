@@ -84,14 +84,19 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         bs = self.blocks.block_size
+        drafting = self.drafts_for is not None
+        running = self.running
         i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
+        while i < len(running) and budget > 0:
+            req = running[i]
             if req.pending_stop:
                 i += 1  # waiting for its last values; nothing more to compute
                 continue
-            short = self._resumes_short(req)
-            num_new = self._target(req, short) - req.num_computed_tokens
+            # Without a proposer no request resumes short (_resumes_short), so _target is
+            # num_tokens and _blocks_for the chunk's end: skip those calls (every request, every step).
+            short = drafting and self._resumes_short(req)
+            computed = req.num_computed_tokens
+            num_new = (self._target(req, short) if drafting else req.num_tokens) - computed
             k = len(req.spec_token_ids)
             if k:
                 k = max(0, min(k, self.max_num_batched_tokens - num_new, self.max_model_len - req.num_tokens))
@@ -101,10 +106,10 @@ class Scheduler:
                     i += 1
                     continue
             num_new = min(num_new + k, budget)
-            need = self._blocks_for(req, num_new, short)
+            need = self._blocks_for(req, num_new, short) if drafting else computed + num_new
             if need > len(req.block_ids) * bs and not self._allocate_or_preempt(req, need, out):
                 continue  # req itself was preempted; the list shrank
-            out.scheduled.append(ScheduledRequest(req, req.num_computed_tokens, num_new, k))
+            out.scheduled.append(ScheduledRequest(req, computed, num_new, k))  # (not cached: _preempt replaces it)
             budget -= num_new
             i += 1
 

@@ -87,8 +87,9 @@ class StepHandle:
         """This step's sampled tokens as a device buffer keyed by request id (output indices)."""
         if self.packed is None:
             return None
-        rows = {s.request.request_id: i for i, (s, _) in enumerate(self.sampling)}
-        base = {s.request.request_id: s.output_base for s, _ in self.sampling}
+        rids = [s.request.request_id for s, _ in self.sampling]
+        rows = dict(zip(rids, range(len(rids)), strict=True))
+        base = dict(zip(rids, [s.output_base for s, _ in self.sampling], strict=True))
         return DeviceTokens(self.sampled_dev, rows, base)
 
     def counts(self) -> list[int]:
@@ -116,8 +117,17 @@ class _HostBatch:
     tables: list[list[int]] = field(default_factory=list)
     sampling: list[tuple[ScheduledRequest, int]] = field(default_factory=list)
     logit_rows: list[int] = field(default_factory=list)
+    # Input positions of each sampling request's drafts (may be left empty when none has drafts).
     draft_pos: list[range] = field(default_factory=list)
     offsets: dict[str, int] = field(default_factory=dict)
+
+
+def _decode_only(scheduled: list[ScheduledRequest]) -> bool:
+    """True when every chunk of the step is one known token without drafts (a decode row)."""
+    for s in scheduled:  # (no generator: this runs for every request in every step)
+        if s.num_new_tokens != 1 or s.num_draft_tokens:
+            return False
+    return True
 
 
 class _DeviceInputs(NamedTuple):
@@ -304,6 +314,12 @@ class ModelRunner:
         """Host lists for a step: ids (PLACEHOLDER where only the device knows the value), their
         owners, positions, cache slots, attention lengths, logit rows and draft positions.
         Chunks of a step that a verify graph can replay are padded to its query length (_pad)."""
+        if _decode_only(sched.scheduled):
+            return self._assemble_decode(sched.scheduled)
+        return self._assemble_chunks(sched)
+
+    def _assemble_chunks(self, sched: SchedulerOutput) -> _HostBatch:
+        """_assemble for any step (prefill chunks, drafts, padding), request by request."""
         hb = _HostBatch()
         bs = self.block_size
         q_pad = self._padded_query_len(sched)
@@ -339,6 +355,37 @@ class ModelRunner:
                 hb.draft_pos.append(range(end - k, end))
         return hb
 
+    def _assemble_decode(self, scheduled: list[ScheduledRequest]) -> _HostBatch:
+        """_assemble for a step of decode rows only (one known token each, no drafts, so no
+        padding either): the same lists, built a column at a time. This is every step of a
+        steady decode batch, where the per-request loop of _assemble dominates the host time."""
+        bs = self.block_size
+        reqs = [s.request for s in scheduled]
+        starts = [s.start for s in scheduled]
+        tables = [r.block_ids for r in reqs]
+        ids = [r.token_at(p) for r, p in zip(reqs, starts, strict=True)]
+        hb = _HostBatch(
+            ids=ids,
+            positions=starts,
+            slots=[t[p // bs] * bs + p % bs for t, p in zip(tables, starts, strict=True)],
+            placeholders=[
+                (i, (r.request_id, "out", p - r.num_prompt_tokens))
+                for i, (t, r, p) in enumerate(zip(ids, reqs, starts, strict=True)) if t == PLACEHOLDER
+            ],
+            query_lens=[1] * len(scheduled),
+            seq_lens=[p + 1 for p in starts],
+            tables=tables,
+            offsets={r.request_id: i for i, r in enumerate(reqs)},
+        )
+        sampling, logit_rows = hb.sampling, hb.logit_rows
+        for i, s in enumerate(scheduled):
+            req = s.request
+            if s.start + 1 >= req.num_tokens:  # s.needs_sample: the chunk is the last known token
+                s.output_base = len(req.output_token_ids)
+                sampling.append((s, len(logit_rows)))
+                logit_rows.append(i)
+        return hb
+
     def _padded_query_len(self, sched: SchedulerOutput) -> int:
         """The query length every chunk of this step is padded to so that it replays a verify
         graph; 0 for no padding (no graphs, a decode-only step, a chunk longer than any graph's
@@ -367,6 +414,8 @@ class ModelRunner:
     def _draft_index(draft_pos: list[range], kmax: int, sentinel: int) -> list[int]:
         """[S, kmax] input positions of each sampling request's drafts, padded with the sentinel
         position (whose id is -2: never a token, so a padded draft never matches)."""
+        if kmax == 0:
+            return []  # no drafts in the step
         idx: list[int] = []
         for p in draft_pos:
             idx += p
@@ -475,8 +524,10 @@ class ModelRunner:
             h.host = h._mirror_slot = None
             w = h.width
             counts = values[len(h.sampling) * w :]
-            for i, (s, _) in enumerate(h.sampling):
-                res.sampled[s.request.request_id] = values[i * w : i * w + counts[i]]
+            res.sampled = {
+                s.request.request_id: values[i * w : i * w + c]
+                for i, ((s, _), c) in enumerate(zip(h.sampling, counts, strict=False))
+            }
             self._logprobs(h, res)
             if h.audit is not None:
                 res.audited, res.audit_mismatches = self._check_audit(h.audit, res)
@@ -485,10 +536,9 @@ class ModelRunner:
 
     # ---- helpers ---------------------------------------------------------------------------
     def _logprobs(self, h: StepHandle, res: StepResult) -> None:
-        for s, r0 in h.sampling:
+        """Top logprobs of the sampled tokens, for the requests that ask for them."""
+        for s, r0 in [x for x in h.sampling if x[0].request.params.logprobs is not None]:
             req = s.request
-            if req.params.logprobs is None:
-                continue
             toks = res.sampled[req.request_id]
             n, want = len(toks), req.params.logprobs
             t = torch.tensor(toks, device=h.logits.device)
