@@ -25,7 +25,7 @@ from verispec.kernels.pdl import launch_kwargs, wait_prior  # noqa: E402
 CHUNK = 2048
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["x_ptr"])  # logits may be a row slice
 def _argmax_chunk_kernel(x_ptr, pv_ptr, pi_ptr, N, stride_x, NUM_CHUNKS, CHUNK: tl.constexpr, PDL: tl.constexpr):
     """(max, first index of it) of logits row r's piece c -> pv / pi [R, NUM_CHUNKS]."""
     wait_prior(PDL)
@@ -39,7 +39,7 @@ def _argmax_chunk_kernel(x_ptr, pv_ptr, pi_ptr, N, stride_x, NUM_CHUNKS, CHUNK: 
     tl.store(pi_ptr + r * NUM_CHUNKS + c, c * CHUNK + i)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R"])  # the row count changes per step: one compile for all
 def _argmax_rows_kernel(pv_ptr, pi_ptr, out_ptr, R, NUM_CHUNKS, C_PAD: tl.constexpr, COUNTS: tl.constexpr,
                         PDL: tl.constexpr):
     """out[r] = the index in the first piece holding row r's maximum; COUNTS: out[R + r] = 1."""

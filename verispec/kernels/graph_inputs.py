@@ -24,7 +24,10 @@ import triton.language as tl  # noqa: E402
 from verispec.kernels.pdl import launch_kwargs, wait_prior  # noqa: E402
 
 
-@triton.jit
+# Runs eagerly at every replay: no value or alignment specialization on what changes from step to
+# step (a new specialization compiles mid-run; bench spec at batch 16 lost 5x to such compiles).
+@triton.jit(do_not_specialize=["n", "width", "stride_bt", "scratch", "block_size"],
+            do_not_specialize_on_alignment=["ids_ptr", "pos_ptr", "slot_ptr", "qsl_ptr", "sl_ptr", "bt_ptr"])
 def _graph_inputs_kernel(
     ids_ptr, pos_ptr, slot_ptr, qsl_ptr, sl_ptr, bt_ptr,  # the step's tensors (n rows)
     d_ids, d_pos, d_slot, d_qsl, d_sl, d_bt,  # the graph's static buffers (b rows)
