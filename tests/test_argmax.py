@@ -34,3 +34,45 @@ def test_argmax_rows_strided_and_empty(device):
     view = x[::2, :2999]  # row stride 6000, last dim contiguous
     assert torch.equal(argmax_rows(view).cpu(), view.cpu().argmax(-1))
     assert argmax_rows(x[:0]).shape == (0,)
+
+
+def _variants(kernel) -> int:
+    """Compiled variants of a Triton kernel on the current CUDA device."""
+    return len(kernel.device_caches[torch.cuda.current_device()][0])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_per_step_arguments_compile_once():
+    """The eager per-step kernels compile once per constexpr set, whatever a step's row count,
+    block-table width or staging offsets (Triton's value and alignment specialization compiled new
+    variants mid-run, and bench spec at batch 16 lost 5x to it)."""
+    from verispec.kernels import argmax as am
+    from verispec.kernels import graph_inputs as gi
+
+    dev = torch.device("cuda")
+    logits = torch.randn(40, 3000, device=dev)
+    am.argmax_rows(logits[:2])
+    before = (_variants(am._argmax_chunk_kernel), _variants(am._argmax_rows_kernel))
+    for lo, rows in ((1, 1), (3, 16), (5, 7), (0, 32)):  # row slices: odd row offsets and counts
+        assert torch.equal(am.argmax_rows(logits[lo : lo + rows]), logits[lo : lo + rows].argmax(-1))
+    assert (_variants(am._argmax_chunk_kernel), _variants(am._argmax_rows_kernel)) == before
+
+    i64, i32 = dict(dtype=torch.long, device=dev), dict(dtype=torch.int32, device=dev)
+    b, max_blocks = 16, 40
+    dst = (torch.zeros(b, **i64), torch.zeros(b, **i64), torch.zeros(b, **i64), torch.zeros(b + 1, **i32),
+           torch.zeros(b, **i32), torch.zeros(b, max_blocks, **i32))
+    stage = torch.zeros(4096, **i64)  # staging-like: every section a view at some offset
+
+    def step(n: int, width: int, off: int) -> None:
+        src = (stage[off : off + n], stage[off + n : off + 2 * n], stage[off + 2 * n : off + 3 * n],
+               stage.view(torch.int32)[2 * off : 2 * off + n + 1], stage.view(torch.int32)[2 * off + 7 : 2 * off + 7 + n],
+               stage.view(torch.int32)[2 * off + 40 : 2 * off + 40 + n * width].view(n, width))
+        gi.stage_graph_inputs(src, dst, n, b, 1, 0, 16)
+
+    step(2, 3, 0)
+    before = _variants(gi._graph_inputs_kernel)
+    for n, width, off in ((1, 1, 1), (16, 16, 3), (3, 5, 8), (16, 32, 17)):
+        step(n, width, off)
+    torch.cuda.synchronize()
+    assert _variants(gi._graph_inputs_kernel) == before
