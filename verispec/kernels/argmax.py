@@ -25,7 +25,7 @@ from verispec.kernels.pdl import launch_kwargs, wait_prior  # noqa: E402
 CHUNK = 2048
 
 
-@triton.jit(do_not_specialize_on_alignment=["x_ptr"])  # logits may be a row slice
+@triton.jit  # its arguments are the same every step (fresh, aligned logits of one vocabulary)
 def _argmax_chunk_kernel(x_ptr, pv_ptr, pi_ptr, N, stride_x, NUM_CHUNKS, CHUNK: tl.constexpr, PDL: tl.constexpr):
     """(max, first index of it) of logits row r's piece c -> pv / pi [R, NUM_CHUNKS]."""
     wait_prior(PDL)
