@@ -237,12 +237,12 @@ class LLMEngine:
     def _commit_optimistic(self, handle, counts: list[int] | None) -> None:
         """Advance the books of a launched step: lengths now, values later (PLACEHOLDER)."""
         commit = self.scheduler.commit
-        sampling = iter(handle.sampling)  # the sampled rows, in the order of sched.scheduled
-        nxt, i = next(sampling, None), 0
+        sampling = handle.sampling  # the sampled rows, in the order of sched.scheduled
+        i, num = 0, len(sampling)
         for s in handle.sched.scheduled:
-            if nxt is not None and nxt[0] is s:
+            if i < num and sampling[i][0] is s:
                 commit(s, [PLACEHOLDER] * (counts[i] if counts is not None else 1), publish=False)
-                nxt, i = next(sampling, None), i + 1
+                i += 1
             else:
                 commit(s, None, publish=False)
 

@@ -96,7 +96,8 @@ class Scheduler:
             # num_tokens and _blocks_for the chunk's end: skip those calls (every request, every step).
             short = drafting and self._resumes_short(req)
             computed = req.num_computed_tokens
-            num_new = (self._target(req, short) if drafting else req.num_tokens) - computed
+            # (req.num_tokens inlined)
+            num_new = (self._target(req, short) if drafting else len(req.prompt_token_ids) + len(req.output_token_ids)) - computed
             k = len(req.spec_token_ids)
             if k:
                 k = max(0, min(k, self.max_num_batched_tokens - num_new, self.max_model_len - req.num_tokens))
@@ -105,7 +106,9 @@ class Scheduler:
                     # them, so its draft schedule does not depend on what else is in the batch.
                     i += 1
                     continue
-            num_new = min(num_new + k, budget)
+            num_new += k
+            if num_new > budget:
+                num_new = budget
             need = self._blocks_for(req, num_new, short) if drafting else computed + num_new
             if need > len(req.block_ids) * bs and not self._allocate_or_preempt(req, need, out):
                 continue  # req itself was preempted; the list shrank

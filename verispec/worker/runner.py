@@ -385,7 +385,7 @@ class ModelRunner:
             positions=starts,
             slots=[t[p // bs] * bs + p % bs for t, p in zip(tables, starts, strict=True)],
             placeholders=[
-                (i, (r.request_id, "out", p - r.num_prompt_tokens))
+                (i, (r.request_id, "out", p - len(r.prompt_token_ids)))
                 for i, (t, r, p) in enumerate(zip(ids, reqs, starts, strict=True)) if t == PLACEHOLDER
             ],
             query_lens=[1] * len(scheduled),
@@ -395,9 +395,11 @@ class ModelRunner:
         )
         sampling, logit_rows = hb.sampling, hb.logit_rows
         for i, s in enumerate(scheduled):
-            req = s.request
-            if s.start + 1 >= req.num_tokens:  # s.needs_sample: the chunk is the last known token
-                s.output_base = len(req.output_token_ids)
+            out = s.request.output_token_ids
+            n_out = len(out)
+            # s.needs_sample (the chunk is the last known token), num_tokens inlined
+            if s.start + 1 >= len(s.request.prompt_token_ids) + n_out:
+                s.output_base = n_out
                 sampling.append((s, len(logit_rows)))
                 logit_rows.append(i)
         return hb
