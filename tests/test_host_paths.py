@@ -3,6 +3,7 @@ the decode-step input lists."""
 
 from __future__ import annotations
 
+import copy
 import random
 
 import torch
@@ -104,3 +105,84 @@ def test_assemble_decode_fast_path_matches_general():
     two = _decode_batch(rng) + [ScheduledRequest(Request("x", [1, 2, 3], SamplingParams(), block_ids=[0]), 0, 3, 0)]
     assert not _decode_only(two)
     assert not _decode_only([ScheduledRequest(Request("d", [1], SamplingParams(), spec_token_ids=[PLACEHOLDER]), 1, 1, 1)])
+
+
+def _random_params(rng: random.Random) -> SamplingParams:
+    return SamplingParams(
+        temperature=rng.choice([0.0, 0.0, 0.7]), min_tokens=rng.choice([0, 0, 2, 5]),
+        max_tokens=rng.choice([None, 6, 40]), stop_token_ids=rng.choice([[], [3], [3, 7]]),
+        ignore_eos=rng.random() < 0.3, presence_penalty=rng.choice([0.0, 0.0, 0.5]),
+        repetition_penalty=rng.choice([1.0, 1.0, 1.3]),
+    )
+
+
+def _sampling_rows(rng: random.Random) -> list[tuple[ScheduledRequest, int]]:
+    """Sampling rows whose requests often share one SamplingParams object (as generate() does)."""
+    shared = [_random_params(rng) for _ in range(rng.randrange(1, 4))]
+    rows, r0 = [], 0
+    for i in range(rng.randrange(1, 12)):
+        p = rng.choice(shared) if rng.random() < 0.8 else _random_params(rng)
+        req = Request(f"r{i}", [rng.randrange(64) for _ in range(rng.randrange(1, 6))], p, frozenset({2}))
+        req.output_token_ids = [rng.randrange(64) for _ in range(rng.randrange(0, 8))]
+        k = rng.choice([0, 0, 2])
+        req.spec_token_ids = [rng.randrange(64) for _ in range(k)]
+        rows.append((ScheduledRequest(req, req.num_tokens - 1, k + 1, k), r0))
+        r0 += k + 1
+    return rows
+
+
+def test_shared_params_runs_match_per_request_checks():
+    """_all_greedy, _mask_and_penalize and _needs_host_values check a run of one params object
+    once; each must equal its per-request definition."""
+    from verispec.engine.engine import LLMEngine
+    from verispec.worker.runner import _all_greedy
+
+    rng = random.Random(5)
+    for _ in range(400):
+        rows = _sampling_rows(rng)
+        assert _all_greedy(rows) == all(s.request.params.greedy for s, _ in rows)
+        eng = type("E", (), {"scheduler": type("S", (), {"running": [s.request for s, _ in rows]})()})()
+        assert LLMEngine._needs_host_values(eng) == any(s.request.params.needs_penalties for s, _ in rows)
+        logits = torch.randn(sum(s.num_draft_tokens + 1 for s, _ in rows), 64)
+        fast = logits.clone()
+        ModelRunner._mask_and_penalize(None, fast, rows)
+        for s, _ in rows:  # every request its own params object: no run to skip
+            s.request.params = copy.copy(s.request.params)
+        general = logits.clone()
+        ModelRunner._mask_and_penalize(None, general, rows)
+        assert torch.equal(fast, general)
+        # The rows left alone are exactly those with nothing to mask or penalize (the definition).
+        for s, r0 in rows:
+            p, rs = s.request.params, slice(r0, r0 + s.num_draft_tokens + 1)
+            idle = len(s.request.output_token_ids) >= p.min_tokens and not p.needs_penalties
+            masked = any(len(s.request.output_token_ids) + j < p.min_tokens for j in range(s.num_draft_tokens + 1))
+            if idle:
+                assert torch.equal(fast[rs], logits[rs])
+            elif masked and (not p.ignore_eos or p.stop_token_ids):  # a banned id gets -inf
+                assert not torch.equal(fast[rs], logits[rs])
+
+
+def test_stop_checks_match_their_definitions():
+    """Scheduler._check_stop / _length_reached (properties inlined) equal the plain rules."""
+    from verispec.engine.scheduler import Scheduler
+
+    rng = random.Random(6)
+    sched = Scheduler.__new__(Scheduler)
+    for _ in range(3000):
+        sched.max_model_len = rng.randrange(8, 40)
+        req = Request("a", [1] * rng.randrange(1, 8), _random_params(rng), frozenset({2, 5}))
+        req.output_token_ids = [9] * rng.randrange(0, 45)
+        n, tok = rng.choice([None, rng.randrange(0, 45)]), rng.choice([2, 3, 5, 7, 9])
+        m = len(req.output_token_ids) if n is None else n
+        p = req.params
+        stop = m >= p.min_tokens and ((not p.ignore_eos and tok in req.eos_token_ids) or tok in p.stop_token_ids)
+        length = m >= req.max_tokens or req.num_prompt_tokens + m >= sched.max_model_len
+        assert sched._length_reached(req) == (req.num_tokens >= sched.max_model_len or len(req.output_token_ids) >= req.max_tokens)
+        assert sched._check_stop(req, tok, n) == (stop or length)
+        if stop:
+            eos = not p.ignore_eos and tok in req.eos_token_ids
+            assert (req.finish_reason, req.stop_reason) == ("stop", None if eos else tok)
+        elif length:
+            assert req.finish_reason == "length"
+        else:
+            assert req.finish_reason is None

@@ -193,7 +193,14 @@ class LLMEngine:
     def _needs_host_values(self) -> bool:
         """Penalties read token values on the host (outputs and the drafts before each verified
         position): such steps wait for the values first."""
-        return any(r.params.needs_penalties for r in self.scheduler.running)
+        seen = None  # requests of one generate() call share their params: check a run of them once
+        for r in self.scheduler.running:
+            p = r.params
+            if p is not seen:
+                if p.needs_penalties:
+                    return True
+                seen = p
+        return False
 
     def _collect_drafts(self) -> None:
         """Fill the PLACEHOLDER mirrors of device drafts (Request.spec_token_ids) with their
@@ -230,12 +237,12 @@ class LLMEngine:
     def _commit_optimistic(self, handle, counts: list[int] | None) -> None:
         """Advance the books of a launched step: lengths now, values later (PLACEHOLDER)."""
         commit = self.scheduler.commit
-        sampling = iter(handle.sampling)  # the sampled rows, in the order of sched.scheduled
-        nxt, i = next(sampling, None), 0
+        sampling = handle.sampling  # the sampled rows, in the order of sched.scheduled
+        i, num = 0, len(sampling)
         for s in handle.sched.scheduled:
-            if nxt is not None and nxt[0] is s:
+            if i < num and sampling[i][0] is s:
                 commit(s, [PLACEHOLDER] * (counts[i] if counts is not None else 1), publish=False)
-                nxt, i = next(sampling, None), i + 1
+                i += 1
             else:
                 commit(s, None, publish=False)
 
@@ -243,15 +250,16 @@ class LLMEngine:
         """Apply host values to the books: finalize tokens, count acceptance, detokenize, stop."""
         touched: dict[str, _Group] = {}
         groups, values, logprobs = self.seq_to_group, result.sampled, result.logprobs
+        resolve, finished = self.scheduler.resolve, Status.FINISHED  # (hoisted: a loop over the batch)
         for s in sched.scheduled:
             req = s.request
             rid = req.request_id
             g = groups.get(rid)
-            if g is None or req.status is Status.FINISHED:
+            if g is None or req.status is finished:
                 continue  # finished (or aborted) while this step was in flight: discard
             sampled = values.get(rid)
             if optimistic:
-                new = self.scheduler.resolve(s, sampled)
+                new = resolve(s, sampled)
             else:
                 n_before = len(req.output_token_ids)
                 self.scheduler.commit(s, sampled)
@@ -263,7 +271,7 @@ class LLMEngine:
                     req.logprobs.extend(logprobs[rid][: len(new)])
             if new:
                 self._add_text(g, req, new)
-            if req.finish_reason is not None and req.status is not Status.FINISHED:
+            if req.finish_reason is not None and req.status is not finished:
                 self._finish(req, req.finish_reason)
             touched[g.request_id] = g
         self.num_audited_steps += result.audited

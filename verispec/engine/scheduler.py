@@ -96,7 +96,8 @@ class Scheduler:
             # num_tokens and _blocks_for the chunk's end: skip those calls (every request, every step).
             short = drafting and self._resumes_short(req)
             computed = req.num_computed_tokens
-            num_new = (self._target(req, short) if drafting else req.num_tokens) - computed
+            # (req.num_tokens inlined)
+            num_new = (self._target(req, short) if drafting else len(req.prompt_token_ids) + len(req.output_token_ids)) - computed
             k = len(req.spec_token_ids)
             if k:
                 k = max(0, min(k, self.max_num_batched_tokens - num_new, self.max_model_len - req.num_tokens))
@@ -105,7 +106,9 @@ class Scheduler:
                     # them, so its draft schedule does not depend on what else is in the batch.
                     i += 1
                     continue
-            num_new = min(num_new + k, budget)
+            num_new += k
+            if num_new > budget:
+                num_new = budget
             need = self._blocks_for(req, num_new, short) if drafting else computed + num_new
             if need > len(req.block_ids) * bs and not self._allocate_or_preempt(req, need, out):
                 continue  # req itself was preempted; the list shrank
@@ -227,17 +230,19 @@ class Scheduler:
         The overlapped loop commits PLACEHOLDER tokens (counts known, values not) with
         publish=False and fills the values in later with resolve()."""
         req = s.request
+        end = s.start + s.num_new_tokens
         if sampled is None:
-            req.num_computed_tokens = s.start + s.num_new_tokens
+            req.num_computed_tokens = end
         else:
             num_accepted = len(sampled) - 1
             assert 0 <= num_accepted <= s.num_draft_tokens
-            req.num_computed_tokens = s.start + s.num_new_tokens - (s.num_draft_tokens - num_accepted)
+            req.num_computed_tokens = end - (s.num_draft_tokens - num_accepted)
         if req.spec_token_ids:
             req.spec_token_ids = []
         if sampled is not None:
+            out = req.output_token_ids
             for tok in sampled:
-                req.output_token_ids.append(tok)
+                out.append(tok)
                 if tok == PLACEHOLDER:
                     if self._length_reached(req):
                         # Finish once the values arrive; the blocks go back now, as they would
@@ -262,15 +267,16 @@ class Scheduler:
             return []
         new: list[int] = []
         out = req.output_token_ids
-        for j, tok in enumerate(sampled):
-            i = s.output_base + j
-            if i >= len(out):
+        n_out, i = len(out), s.output_base  # (out only shrinks right before the loop ends)
+        for tok in sampled:
+            if i >= n_out:
                 break
             assert out[i] == PLACEHOLDER, "resolving a token that is not a placeholder"
             out[i] = tok
             new.append(tok)
-            if self._check_stop(req, tok, i + 1):  # as if it were the last one committed
-                del out[i + 1 :]
+            i += 1
+            if self._check_stop(req, tok, i):  # as if it were the last one committed
+                del out[i:]
                 break
         if req.finish_reason is None and req.pending_stop and PLACEHOLDER not in out:
             req.finish_reason = "length"
@@ -288,21 +294,25 @@ class Scheduler:
         except ValueError:
             return req.num_tokens
 
-    def _length_reached(self, req: Request) -> bool:
-        return len(req.output_token_ids) >= req.max_tokens or req.num_tokens >= self.max_model_len
+    def _length_reached(self, req: Request, n: int | None = None) -> bool:
+        """True when n output tokens (default: the current count) reach max_tokens or the model
+        length. (Request.max_tokens and num_tokens inlined: this runs for every committed token.)"""
+        p = req.params
+        n = len(req.output_token_ids) if n is None else n
+        return n >= (p.max_tokens if p.max_tokens is not None else 1 << 30) or len(req.prompt_token_ids) + n >= self.max_model_len
 
     def _check_stop(self, req: Request, tok: int, n: int | None = None) -> bool:
         """Stop check for tok as output token n - 1 (default: the last one)."""
         p = req.params
         n = len(req.output_token_ids) if n is None else n
         if n >= p.min_tokens:
-            if not p.ignore_eos and tok in req.eos_token_ids:
+            if tok in req.eos_token_ids and not p.ignore_eos:
                 req.finish_reason, req.stop_reason = "stop", None
                 return True
             if tok in p.stop_token_ids:
                 req.finish_reason, req.stop_reason = "stop", tok
                 return True
-        if n >= req.max_tokens or req.num_prompt_tokens + n >= self.max_model_len:
+        if self._length_reached(req, n):
             req.finish_reason = "length"
             return True
         return False

@@ -87,9 +87,12 @@ class StepHandle:
         """This step's sampled tokens as a device buffer keyed by request id (output indices)."""
         if self.packed is None:
             return None
-        rids = [s.request.request_id for s, _ in self.sampling]
-        rows = dict(zip(rids, range(len(rids)), strict=True))
-        base = dict(zip(rids, [s.output_base for s, _ in self.sampling], strict=True))
+        rows: dict[str, int] = {}
+        base: dict[str, int] = {}
+        for i, (s, _) in enumerate(self.sampling):
+            rid = s.request.request_id
+            rows[rid] = i
+            base[rid] = s.output_base
         return DeviceTokens(self.sampled_dev, rows, base)
 
     def counts(self) -> list[int]:
@@ -120,6 +123,19 @@ class _HostBatch:
     # Input positions of each sampling request's drafts (may be left empty when none has drafts).
     draft_pos: list[range] = field(default_factory=list)
     offsets: dict[str, int] = field(default_factory=dict)
+
+
+def _all_greedy(sampling: list[tuple[ScheduledRequest, int]]) -> bool:
+    """True when every sampling request is greedy. Requests of one generate() call share their
+    SamplingParams object, so a run of the same object is checked once (this runs every step)."""
+    seen = None
+    for s, _ in sampling:
+        p = s.request.params
+        if p is not seen:
+            if not p.greedy:
+                return False
+            seen = p
+    return True
 
 
 def _decode_only(scheduled: list[ScheduledRequest]) -> bool:
@@ -369,7 +385,7 @@ class ModelRunner:
             positions=starts,
             slots=[t[p // bs] * bs + p % bs for t, p in zip(tables, starts, strict=True)],
             placeholders=[
-                (i, (r.request_id, "out", p - r.num_prompt_tokens))
+                (i, (r.request_id, "out", p - len(r.prompt_token_ids)))
                 for i, (t, r, p) in enumerate(zip(ids, reqs, starts, strict=True)) if t == PLACEHOLDER
             ],
             query_lens=[1] * len(scheduled),
@@ -379,9 +395,11 @@ class ModelRunner:
         )
         sampling, logit_rows = hb.sampling, hb.logit_rows
         for i, s in enumerate(scheduled):
-            req = s.request
-            if s.start + 1 >= req.num_tokens:  # s.needs_sample: the chunk is the last known token
-                s.output_base = len(req.output_token_ids)
+            out = s.request.output_token_ids
+            n_out = len(out)
+            # s.needs_sample (the chunk is the last known token), num_tokens inlined
+            if s.start + 1 >= len(s.request.prompt_token_ids) + n_out:
+                s.output_base = n_out
                 sampling.append((s, len(logit_rows)))
                 logit_rows.append(i)
         return hb
@@ -457,7 +475,7 @@ class ModelRunner:
         (None: no drafts). Returns the packed result [S*W tokens (PLACEHOLDER past each count) |
         S counts] and W = kmax + 1."""
         num = len(sampling)
-        greedy = all(s.request.params.greedy for s, _ in sampling)
+        greedy = _all_greedy(sampling)
         if drafts is None:
             if greedy:  # plain greedy decode: one logit row per request
                 if triton_argmax_ok(logits):  # the kernel writes the counts too (one kernel less)
@@ -523,10 +541,11 @@ class ModelRunner:
             self._mirrors.release(h._mirror_slot)
             h.host = h._mirror_slot = None
             w = h.width
-            counts = values[len(h.sampling) * w :]
+            num = len(h.sampling)
+            counts = values[num * w :]
             res.sampled = {
-                s.request.request_id: values[i * w : i * w + c]
-                for i, ((s, _), c) in enumerate(zip(h.sampling, counts, strict=False))
+                s.request.request_id: values[o : o + c]
+                for (s, _), o, c in zip(h.sampling, range(0, num * w, w), counts, strict=False)
             }
             self._logprobs(h, res)
             if h.audit is not None:
@@ -589,8 +608,15 @@ class ModelRunner:
         """min_tokens (no EOS / stop ids before it) and repetition/presence/frequency penalties.
         Row j of a request stands for output index len(output) + j; drafts before it count."""
         pen_rows, pen_prompt, pen_out, pres, freq, rep = [], [], [], [], [], []
+        plain = None  # the last params seen with no min_tokens and no penalties (often shared by all)
         for s, r0 in sampling:
-            req, p = s.request, s.request.params
+            req = s.request
+            p = req.params
+            if p is plain:
+                continue
+            if p.min_tokens == 0 and not p.needs_penalties:
+                plain = p
+                continue
             if len(req.output_token_ids) >= p.min_tokens and not p.needs_penalties:
                 continue  # the common case: nothing to mask or penalize in any of its rows
             for j in range(s.num_draft_tokens + 1):

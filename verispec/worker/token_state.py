@@ -88,16 +88,21 @@ def gather_plan(
     parts: list[torch.Tensor] = []
     offsets: dict[str, int] = {}
     total = 0
+    kind = src = base = None  # the last owner kind's source and offset (runs of one kind are the rule)
     for i, owner in placeholders:
-        src = sources.get(owner[1]) if owner else None
+        if not owner:
+            raise RuntimeError(f"placeholder at input {i} ({owner}) has no device value")
+        if owner[1] != kind:
+            kind = owner[1]
+            src = sources.get(kind)
+            base = offsets.get(kind)
+            if base is None and src is not None:
+                base = offsets[kind] = total
+                parts.append(src.values.reshape(-1))
+                total += src.values.numel()
         idx = src.flat_index(owner[0], owner[2]) if src is not None else None
         if idx is None:
             raise RuntimeError(f"placeholder at input {i} ({owner}) has no device value")
-        base = offsets.get(owner[1])
-        if base is None:
-            base = offsets[owner[1]] = total
-            parts.append(src.values.reshape(-1))
-            total += src.values.numel()
         positions.append(i)
         gather.append(base + idx)
     flat = None if not parts else parts[0] if len(parts) == 1 else torch.cat(parts)
