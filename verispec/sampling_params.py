@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 
@@ -113,3 +114,15 @@ def with_output_kind(params: list[SamplingParams], kind: RequestOutputKind) -> l
             sp = c
         out.append(sp)
     return out
+
+
+def any_params(params: Iterable[SamplingParams], pred: Callable[[SamplingParams], bool]) -> bool:
+    """any(pred(p) for p in params), with pred asked once per run of the same object: the requests
+    of one generate() call share their SamplingParams, and the engine asks this every step."""
+    seen = None
+    for p in params:
+        if p is not seen:
+            if pred(p):
+                return True
+            seen = p
+    return False

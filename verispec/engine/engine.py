@@ -18,7 +18,7 @@ from verispec.engine.request import Request, Status
 from verispec.engine.scheduler import Scheduler
 from verispec.engine.setup import EngineParts, build_engine_parts, freeze_gc, gc_freeze_enabled
 from verispec.outputs import CompletionOutput, RequestOutput
-from verispec.sampling_params import RequestOutputKind, SamplingParams
+from verispec.sampling_params import RequestOutputKind, SamplingParams, any_params
 from verispec.spec.metrics import SpecCounters
 from verispec.spec.proposer import Proposal
 from verispec.worker.runner import StepResult
@@ -193,14 +193,7 @@ class LLMEngine:
     def _needs_host_values(self) -> bool:
         """Penalties read token values on the host (outputs and the drafts before each verified
         position): such steps wait for the values first."""
-        seen = None  # requests of one generate() call share their params: check a run of them once
-        for r in self.scheduler.running:
-            p = r.params
-            if p is not seen:
-                if p.needs_penalties:
-                    return True
-                seen = p
-        return False
+        return any_params((r.params for r in self.scheduler.running), lambda p: p.needs_penalties)
 
     def _collect_drafts(self) -> None:
         """Fill the PLACEHOLDER mirrors of device drafts (Request.spec_token_ids) with their

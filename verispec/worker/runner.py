@@ -23,6 +23,7 @@ from verispec.engine.scheduler import ScheduledRequest, SchedulerOutput
 from verispec.kernels.argmax import argmax_rows
 from verispec.models.layers.attention import AttentionMetadata, build_reference_indices, reference_attention
 from verispec.models.qwen2 import CausalLM
+from verispec.sampling_params import any_params
 from verispec.spec.verify import rejection_sample, verify_greedy, verify_random
 from verispec.worker.inputs import Staging, allocate_kv_cache, extend_slots, padded_tables, to_device
 from verispec.worker.sampler import (
@@ -126,16 +127,8 @@ class _HostBatch:
 
 
 def _all_greedy(sampling: list[tuple[ScheduledRequest, int]]) -> bool:
-    """True when every sampling request is greedy. Requests of one generate() call share their
-    SamplingParams object, so a run of the same object is checked once (this runs every step)."""
-    seen = None
-    for s, _ in sampling:
-        p = s.request.params
-        if p is not seen:
-            if not p.greedy:
-                return False
-            seen = p
-    return True
+    """True when every sampling request is greedy (a run of one params object is checked once)."""
+    return not any_params((s.request.params for s, _ in sampling), lambda p: not p.greedy)
 
 
 def _decode_only(scheduled: list[ScheduledRequest]) -> bool:

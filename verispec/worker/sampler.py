@@ -18,9 +18,9 @@ GREEDY_TEMPERATURE = 1e-5  # rows at or below it are greedy
 
 
 # Rows up to which argmax takes the Triton kernels. On the H200 they cost 1.9 + 1.9 us of GPU time
-# for one 151,936-wide row against torch's 9.0 (step 1,148 vs 1,159 us at batch 1), but 51 us of
-# host time per call against 33 (`scripts/step_trace.py`, docs/BENCHMARKS.md); at batch 64 the
-# engine is host-bound, so there torch's single launch wins.
+# for one 151,936-wide row against torch's 9.0 (step 1,148 vs 1,159 us at batch 1,
+# `scripts/step_trace.py`), but 74 us of host time per call against 29 (`scripts/launch_cost.py`;
+# both in docs/BENCHMARKS.md); at batch 64 the engine is host-bound, so there torch's launch wins.
 ARGMAX_TRITON_MAX_ROWS = 16
 
 
