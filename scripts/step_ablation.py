@@ -16,6 +16,8 @@ Variants (comma-separated, the first is the reference; "+" joins patches):
   splitk=R           the split-K GEMM for up to R rows (linear.SPLITK_MAX_ROWS = R)
   splitk-min=R       the split-K GEMM from R rows (linear.SPLITK_MIN_ROWS = R)
   no-pdl             programmatic dependent launch off
+  l2=MB              attention asks L2 for MB of the next gate_up weight (0: off)
+  l2rows=N           ... in steps of up to N tokens (the default: one-row steps only)
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from verispec.bench.common import random_model, shapes_for  # noqa: E402
 from verispec.bench.profile import _step_inputs  # noqa: E402
-from verispec.kernels import fused, linear, pdl  # noqa: E402
+from verispec.kernels import fused, l2_prefetch, linear, pdl  # noqa: E402
 from verispec.kernels import paged_attention as pa  # noqa: E402
 from verispec.worker.graphs import CudaGraphRunner  # noqa: E402
 
@@ -68,6 +70,10 @@ def _patch_one(model, name: str, setv) -> None:
         setv(linear, "SPLITK_MAX_ROWS", int(arg))
     elif key == "splitk-min":
         setv(linear, "SPLITK_MIN_ROWS", int(arg))
+    elif key == "l2":
+        setv(l2_prefetch, "PREFETCH_BYTES", int(float(arg) * (1 << 20)))
+    elif key == "l2rows":
+        setv(l2_prefetch, "MAX_ROWS", int(arg))
     elif key == "no-pdl":
         setv(pdl, "_OFF", True)
         setv(pdl, "_ENABLED", {})

@@ -35,6 +35,7 @@ if not torch.cuda.is_available():
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from verispec.kernels.l2_prefetch import Regions, prefetch_regions, prefetch_supported  # noqa: E402
 from verispec.kernels.pdl import launch_kwargs, wait_prior  # noqa: E402
 from verispec.models.layers.attention import AttentionMetadata  # noqa: E402
 
@@ -94,15 +95,21 @@ def _attn_kernel(
     qsl_ptr, seq_lens_ptr, bt_ptr, kv_start_ptr,
     scale_log2, num_tokens,
     stride_qt, stride_qh, stride_kvs, stride_kvh, stride_ot, stride_oh, stride_bt,
+    pf_a0, pf_n0, pf_a1, pf_n1,
     NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     DOT_PREC: tl.constexpr, WHILE_LOOP: tl.constexpr, CAUSAL: tl.constexpr, HAS_KV_START: tl.constexpr,
-    EARLY_V: tl.constexpr, META_EARLY: tl.constexpr, PDL: tl.constexpr,
+    EARLY_V: tl.constexpr, META_EARLY: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
+    b = tl.program_id(0)
+    if PREFETCH:  # the grid's last row of programs: L2 prefetch of the next weights, then exit
+        if b == tl.num_programs(0) - 1:
+            prefetch_regions(pf_a0, pf_n0, pf_a1, pf_n1, tl.program_id(1) * tl.num_programs(2) + tl.program_id(2),
+                             tl.num_programs(1) * tl.num_programs(2), 32 * 4)
+            return
     if not META_EARLY:
         wait_prior(PDL)
-    b = tl.program_id(0)
     kvh = tl.program_id(1)
     qt = tl.program_id(2) // NUM_SPLITS
     split = tl.program_id(2) % NUM_SPLITS
@@ -237,11 +244,13 @@ def pick_num_splits(num_programs: int, device: torch.device) -> int:
 
 def triton_attention(
     q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-    num_splits: int | None = None, out: torch.Tensor | None = None,
+    num_splits: int | None = None, out: torch.Tensor | None = None, prefetch: Regions | None = None,
 ) -> torch.Tensor:
     """Paged causal attention; q: [T, H, D] -> [T, H, D]. Same contract as reference_attention.
 
-    num_splits forces the split-K factor (default: from shapes); out: optional output buffer."""
+    num_splits forces the split-K factor (default: from shapes); out: optional output buffer;
+    prefetch: weight regions an extra row of programs asks L2 for (kernels/l2_prefetch.py; ignored
+    where unsupported)."""
     if meta.block_size is None:
         raise ValueError("triton_attention needs meta.block_size (build_batch fills it)")
     num_tokens, num_heads, head_dim = q.shape
@@ -268,18 +277,19 @@ def triton_attention(
     else:
         po = pm = pl = out  # unused
     block_n = 64 if head_dim <= 128 else 32
-    _attn_kernel[(num_seqs, num_kv_heads, q_tiles * num_splits)](
+    pf = prefetch if prefetch is not None and prefetch_supported(q.device) else None
+    _attn_kernel[(num_seqs + (pf is not None), num_kv_heads, q_tiles * num_splits)](
         q, k_cache, v_cache, out, po, pm, pl,
         meta.query_start_loc, meta.seq_lens, meta.block_tables,
         meta.kv_start if meta.kv_start is not None else meta.seq_lens,
         scale * 1.4426950408889634, num_tokens,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1),
-        meta.block_tables.stride(0),
+        meta.block_tables.stride(0), *(pf or (0, 0, 0, 0)),
         NUM_HEADS=num_heads, GROUP=num_heads // num_kv_heads, GROUP_PAD=group_pad, BLOCK_Q=block_q,
         BLOCK_N=block_n, HEAD_DIM=head_dim, PAGE=meta.block_size, NUM_SPLITS=num_splits,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", WHILE_LOOP=_INTERPRET,
         CAUSAL=meta.causal, HAS_KV_START=meta.kv_start is not None, EARLY_V=meta.max_query_len <= 16,
-        META_EARLY=META_EARLY, num_warps=4, num_stages=3,
+        META_EARLY=META_EARLY, PREFETCH=pf is not None, num_warps=4, num_stages=3,
         **launch_kwargs(q.device),
     )
     if num_splits > 1:

@@ -14,7 +14,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from verispec.config import ModelConfig
+from verispec.kernels import l2_prefetch
+from verispec.kernels.l2_prefetch import Regions, stacked_head
 from verispec.kernels.linear import GEMV_MAX_ROWS, gate_up_silu, gemv, linear
+from verispec.kernels.paged_attention import triton_attention
 from verispec.kernels.qkv_rope import qkv_rope_write_kv
 from verispec.models.layers.attention import AttentionMetadata, reference_attention, write_kv
 from verispec.models.layers.norm import RMSNorm
@@ -41,7 +44,9 @@ class Attention(nn.Module):
         self.qk_norm = cfg.qk_norm
         self.scale = cfg.head_dim**-0.5
 
-    def forward(self, x, positions, rotary: RotaryEmbedding, meta: AttentionMetadata, kv_cache, attn_fn):
+    def forward(self, x, positions, rotary: RotaryEmbedding, meta: AttentionMetadata, kv_cache, attn_fn,
+                prefetch: Regions | None = None):
+        """prefetch: weight regions the attention launch asks L2 for (triton_attention only)."""
         t = x.shape[0]
         fast = self.use_triton and x.is_cuda
         qkv = (linear if fast else F.linear)(x, self.qkv_proj.weight, self.qkv_proj.bias)
@@ -58,7 +63,7 @@ class Attention(nn.Module):
         else:
             q, k = rotary(positions, q, k)
             write_kv(kv_cache, k, v, meta.slot_mapping)
-        out = attn_fn(q, kv_cache, meta, self.scale)
+        out = attn_fn(q, kv_cache, meta, self.scale) if prefetch is None else attn_fn(q, kv_cache, meta, self.scale, prefetch=prefetch)
         return (linear if fast else F.linear)(out.reshape(t, -1), self.o_proj.weight)
 
 
@@ -70,6 +75,13 @@ class MLP(nn.Module):
         # gate and up in one GEMM: the checkpoint's gate_proj / up_proj stacked by build_model.
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def l2_regions(self, nbytes: int) -> Regions | None:
+        """What of gate_up an L2 prefetch of nbytes asks for (cached: the weight never moves)."""
+        key = (nbytes, self.gate_up_proj.weight.data_ptr())
+        if getattr(self, "_l2", (None, None))[0] != key:
+            self._l2 = (key, stacked_head(self.gate_up_proj.weight, nbytes))
+        return self._l2[1]
 
     def forward(self, x):
         if self.use_triton and x.is_cuda:
@@ -96,14 +108,18 @@ class DecoderLayer(nn.Module):
             x = self.input_layernorm(x)
         else:
             x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(x, positions, rotary, meta, kv_cache, attn_fn)
+        pf = None
+        if attn_fn is triton_attention and x.shape[0] <= l2_prefetch.MAX_ROWS:
+            pf = self.mlp.l2_regions(l2_prefetch.PREFETCH_BYTES)
+        x = self.self_attn(x, positions, rotary, meta, kv_cache, attn_fn, pf)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
     def _forward_one_row(self, x, residual, positions, rotary, meta, kv_cache, attn_fn):
         """Batch-1 decode on CUDA in five kernels: [RMSNorm +] qkv + rotary + K/V write, attention
         (+ its combine), o, [RMSNorm +] gate_up + SiLU-mul, down. Each bracketed norm runs in its
-        projection's prologue (FUSE_NORM), which saves a dependent kernel launch per norm."""
+        projection's prologue (FUSE_NORM), which saves a dependent kernel launch per norm. The
+        attention launch also asks L2 for the head of gate_up's weight (kernels/l2_prefetch.py)."""
         attn, mlp, ln1, ln2 = self.self_attn, self.mlp, self.input_layernorm, self.post_attention_layernorm
         args = (attn.qkv_proj.weight, attn.qkv_proj.bias, positions, rotary.cos, rotary.sin, kv_cache,
                 meta.slot_mapping, attn.num_heads, attn.num_kv_heads, attn.head_dim)
@@ -112,7 +128,11 @@ class DecoderLayer(nn.Module):
         else:
             x, residual = (ln1(x), x) if residual is None else ln1(x, residual)
             q = qkv_rope_write_kv(x, *args)
-        o = linear(attn_fn(q, kv_cache, meta, attn.scale).reshape(x.shape[0], -1), attn.o_proj.weight)
+        if attn_fn is triton_attention:  # its spare programs pull the head of gate_up into L2
+            a = attn_fn(q, kv_cache, meta, attn.scale, prefetch=mlp.l2_regions(l2_prefetch.PREFETCH_BYTES))
+        else:
+            a = attn_fn(q, kv_cache, meta, attn.scale)
+        o = linear(a.reshape(x.shape[0], -1), attn.o_proj.weight)
         if FUSE_NORM:
             y, residual = gemv(o, mlp.gate_up_proj.weight, silu_mul=True, norm=(ln2.weight, ln2.eps), residual=residual)
         else:
