@@ -17,7 +17,13 @@ Measured on the H200 (`scripts/step_ablation.py --batch-sizes 1 --variants l2=0,
 1,083.5 / 1,092.0 / 1,151.2 us with 4 MB against 1,112.9 / 1,118.5 / 1,163.4 without. More is
 worse (16 MB: -5 us; 32 MB: +45; 48 MB: +129 at context 256). Extra prefetch programs in the
 GEMVs themselves (gate_up asking for down_proj's head, down for the next qkv's) cost +150 / +23
-us, and the prefetch at 4 and 16 rows cost +45 / +134 us: so only the one-row attention asks.
+us; from the split-K combine's launch (4 MB more) +40 us; from a kernel on a side stream (a graph
+branch joined at the end of the forward) 8 MB more gained nothing, 16 / 24 MB cost +13 / +30 us;
+o_proj's head as well changed nothing (its GEMV loads its weights before its PDL wait). A launch
+whose programs prefetch seems to complete only once the prefetch has landed, so the prefetch
+must fit in the time its host kernel takes anyway: attention, launched early (PDL) and bound by
+latency, is that host. The prefetch at 4 and 16 rows (16 / 32 MB) cost +45 / +134 us, so only
+the one-row path asks.
 """
 
 from __future__ import annotations
