@@ -10,7 +10,9 @@ Variants (comma-separated; "+" joins switches; each gets a fresh engine, traced 
   base             the defaults
   torch-stage      the graph's inputs staged by torch copies and fills (graphs.STAGE_KERNEL off)
   torch-argmax     torch.argmax instead of the Triton kernels (at any batch size)
-  old              both (the engine before these changes)
+  torch-gather     placeholders filled by the runner's torch gather, not while staging the graph
+  no-l2            no L2 prefetch from the batch-1 attention (l2_prefetch.PREFETCH_BYTES = 0)
+  old              torch-stage + torch-argmax (the engine before session 6's changes)
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ def busy_us(step: list[tuple[float, float, str]]) -> float:
 
 def patch(name: str) -> list[tuple[object, str, object]]:
     """Apply variant `name`; return (object, attribute, old value) to undo it."""
+    from verispec.kernels import l2_prefetch
     from verispec.worker import graphs, runner
 
     undo: list[tuple[object, str, object]] = []
@@ -69,7 +72,9 @@ def patch(name: str) -> list[tuple[object, str, object]]:
         parts = ["torch-stage", "torch-argmax"]
     for part in parts:
         target = {"torch-stage": (graphs, "STAGE_KERNEL", False),
-                  "torch-argmax": (runner, "argmax", _torch_argmax)}.get(part)
+                  "torch-argmax": (runner, "argmax", _torch_argmax),
+                  "torch-gather": (graphs, "FOLD_PLACEHOLDERS", False),
+                  "no-l2": (l2_prefetch, "PREFETCH_BYTES", 0)}.get(part)
         if part == "base":
             continue
         if target is None:

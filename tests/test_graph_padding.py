@@ -145,3 +145,39 @@ def _meta_of(src):
 
     return AttentionMetadata(slot_mapping=src[2], query_start_loc=src[3], seq_lens=src[4], block_tables=src[5],
                              max_query_len=1, max_seq_len=24, block_size=4)
+
+
+@pytest.mark.parametrize("n,b,q,num_ph", [(3, 4, 1, 2), (2, 4, 3, 5), (40, 48, 3, 90), (1, 1, 1, 0)])
+def test_stage_kernel_fills_placeholders(n, b, q, num_ph):
+    """With placeholders (more than one scan block of 64 in the third case), the kernel writes the
+    static buffers and the step's own ids exactly as the torch gather followed by the copies."""
+    from verispec.kernels.graph_inputs import stage_graph_inputs
+
+    model = tiny_model(tiny_config(vocab=VOCAB))
+    model.attn_fn = metadata_attention
+    kv = allocate_kv_cache(model.config.num_layers, 12, 4, model.config.num_kv_heads, model.config.head_dim,
+                           torch.float32, "cpu")
+    runners = [CudaGraphRunner(model, kv, max_batch=48, query_lens=(1, 3), block_size=4, max_blocks_per_seq=6,
+                               capture=False) for _ in range(2)]
+    g = torch.Generator().manual_seed(n + num_ph)
+    t = n * q
+    ids = torch.randint(0, VOCAB, (t,), generator=g)
+    pos_t = torch.randperm(t, generator=g)[:num_ph].sort().values
+    ids[pos_t] = -1  # what the host knows at a placeholder
+    flat = torch.randint(0, VOCAB, (2 * t + 3,), generator=g)
+    src_t = torch.randint(0, flat.shape[0], (num_ph,), generator=g)
+    rest = (torch.randint(0, 20, (t,), generator=g), torch.randint(0, 44, (t,), generator=g),
+            torch.arange(n + 1, dtype=torch.int32) * q, torch.randint(q, 24, (n,), generator=g, dtype=torch.int32),
+            torch.randint(0, 11, (n, 3), generator=g, dtype=torch.int32))
+    ids_a, ids_b = ids.clone(), ids.clone()
+    runners[0]._stage(ids_a, rest[0], _meta_of((ids_a, *rest)), n, b, q, (pos_t, src_t, flat))
+    bufs = [(r.input_ids, r.positions, r.slot_mapping, r.query_start_loc, r.seq_lens, r.block_tables) for r in runners]
+    for buf in bufs[1]:
+        buf.fill_(-7)
+    stage_graph_inputs((ids_b, *rest), bufs[1], n, b, q, runners[1].scratch_block, 4, (pos_t, src_t, flat))
+    want = ids.clone()
+    want[pos_t] = flat[src_t]
+    assert torch.equal(ids_a, want) and torch.equal(ids_b, want)
+    for name, w, got, m in zip(("ids", "positions", "slots", "qsl", "seq_lens", "tables"), *bufs,
+                               (b * q, b * q, b * q, b + 1, b, b), strict=True):
+        assert torch.equal(got[:m], w[:m]), name

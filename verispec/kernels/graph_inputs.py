@@ -6,7 +6,9 @@ launch on the GPU's timeline before the replay; `scripts/step_trace.py` showed t
 staging copy and the graph at every step. Row r < n takes sequence r's values; a padding row
 r >= n gets what CudaGraphRunner._fill documents (query_len tokens at positions 0.., slots in the
 scratch block, seq_len = query_len); block-table entries past the step's width hold the scratch
-block. The result is the same as the torch path (run() keeps it for the CPU).
+block. The result is the same as the torch path (run() keeps it for the CPU). It also fills the
+step's placeholder inputs from their device sources (the runner's gather, two torch index kernels
+before: `input_ids[pos] = flat[src]`).
 """
 
 from __future__ import annotations
@@ -23,18 +25,26 @@ import triton.language as tl  # noqa: E402
 
 from verispec.kernels.pdl import launch_kwargs, wait_prior  # noqa: E402
 
+# (positions [P] sorted, source indices [P], flat [F]): input_ids[positions[i]] = flat[sources[i]]
+Placeholders = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
 
 # Runs eagerly at every replay: no value or alignment specialization on what changes from step to
 # step (a new specialization compiles mid-run; bench spec at batch 16 lost 5x to such compiles).
-@triton.jit(do_not_specialize=["n", "width", "stride_bt", "scratch", "block_size"],
-            do_not_specialize_on_alignment=["ids_ptr", "pos_ptr", "slot_ptr", "qsl_ptr", "sl_ptr", "bt_ptr"])
+@triton.jit(do_not_specialize=["n", "width", "stride_bt", "scratch", "block_size", "n_ph"],
+            do_not_specialize_on_alignment=["ids_ptr", "pos_ptr", "slot_ptr", "qsl_ptr", "sl_ptr", "bt_ptr",
+                                            "ph_pos_ptr", "ph_src_ptr", "flat_ptr"])
 def _graph_inputs_kernel(
     ids_ptr, pos_ptr, slot_ptr, qsl_ptr, sl_ptr, bt_ptr,  # the step's tensors (n rows)
     d_ids, d_pos, d_slot, d_qsl, d_sl, d_bt,  # the graph's static buffers (b rows)
+    ph_pos_ptr, ph_src_ptr, flat_ptr, n_ph,  # placeholders: ids[ph_pos[i]] = flat[ph_src[i]]
     n, width, stride_bt, scratch, block_size,
-    MAX_BLOCKS: tl.constexpr, Q: tl.constexpr, Q_PAD: tl.constexpr, COLS: tl.constexpr, PDL: tl.constexpr,
+    MAX_BLOCKS: tl.constexpr, Q: tl.constexpr, Q_PAD: tl.constexpr, COLS: tl.constexpr,
+    PH_BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Program r fills row r of every buffer (and program 0 query_start_loc[0])."""
+    """Program r fills row r of every buffer (and program 0 query_start_loc[0]). Its placeholder
+    inputs take their device values, in the static buffer and in the step's ids (ids_ptr: the
+    verifier reads the drafts there)."""
     wait_prior(PDL)
     r = tl.program_id(0)
     real = r < n
@@ -43,6 +53,18 @@ def _graph_inputs_kernel(
     t_ok = j < Q
     src_ok = t_ok & real
     ids = tl.load(ids_ptr + tok, mask=src_ok, other=0)
+    # The placeholders (sorted by position) among this row's tokens: scan the list in blocks.
+    c0 = 0
+    while c0 < n_ph:
+        c = c0 + tl.arange(0, PH_BLOCK)
+        p = tl.load(ph_pos_ptr + c, mask=c < n_ph, other=-1)
+        mine = (c < n_ph) & (p >= r * Q) & (p < r * Q + Q) & real
+        v = tl.load(flat_ptr + tl.load(ph_src_ptr + c, mask=mine, other=0), mask=mine, other=0)
+        hit = (p[None, :] == tok[:, None]) & mine[None, :]  # [Q_PAD, PH_BLOCK]
+        found = tl.max(hit.to(tl.int32), 1) > 0
+        ids = tl.where(found, tl.sum(tl.where(hit, v[None, :], 0), 1), ids)
+        tl.store(ids_ptr + tok, ids, mask=found & src_ok)
+        c0 += PH_BLOCK
     pos = tl.load(pos_ptr + tok, mask=src_ok, other=0)
     slot = tl.load(slot_ptr + tok, mask=src_ok, other=0)
     pad_slot = scratch.to(tl.int64) * block_size + j % block_size
@@ -63,16 +85,21 @@ def _graph_inputs_kernel(
 def stage_graph_inputs(
     src: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
     dst: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
-    n: int, b: int, q: int, scratch: int, block_size: int,
+    n: int, b: int, q: int, scratch: int, block_size: int, placeholders: Placeholders | None = None,
 ) -> None:
     """src = (input_ids [n*q], positions [n*q], slot_mapping [n*q], query_start_loc [n+1], seq_lens [n],
     block_tables [n, width]) of a step of n sequences with q tokens each; dst = the same six static
-    buffers (block tables [>= b, max_blocks], contiguous), whose first b rows are written."""
+    buffers (block tables [>= b, max_blocks], contiguous), whose first b rows are written.
+    placeholders: input_ids[pos] = flat[src] is applied first (to input_ids as well), as the
+    runner's torch gather would."""
     ids, pos, slots, qsl, sl, bt = src
     d_ids, d_pos, d_slot, d_qsl, d_sl, d_bt = dst
     assert bt.stride(1) == 1 and d_bt.is_contiguous() and bt.shape[1] <= d_bt.shape[1]
+    ph_pos, ph_src, flat = placeholders if placeholders is not None else (ids, ids, ids)
+    n_ph = ph_pos.shape[0] if placeholders is not None else 0
     _graph_inputs_kernel[(b,)](
-        ids, pos, slots, qsl, sl, bt, d_ids, d_pos, d_slot, d_qsl, d_sl, d_bt,
-        n, bt.shape[1], bt.stride(0), scratch, block_size, MAX_BLOCKS=d_bt.shape[1], Q=q, Q_PAD=triton.next_power_of_2(q), COLS=min(1024, triton.next_power_of_2(d_bt.shape[1])),
+        ids, pos, slots, qsl, sl, bt, d_ids, d_pos, d_slot, d_qsl, d_sl, d_bt, ph_pos, ph_src, flat, n_ph,
+        n, bt.shape[1], bt.stride(0), scratch, block_size, MAX_BLOCKS=d_bt.shape[1], Q=q,
+        Q_PAD=triton.next_power_of_2(q), COLS=min(1024, triton.next_power_of_2(d_bt.shape[1])), PH_BLOCK=64,
         num_warps=1, **launch_kwargs(d_ids.device),
     )

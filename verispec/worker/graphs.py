@@ -29,10 +29,13 @@ import torch
 
 from verispec.models.layers.attention import AttentionMetadata, reference_attention
 from verispec.models.qwen2 import CausalLM
+from verispec.worker.token_state import Placeholders
 
 log = logging.getLogger("verispec")
 # Stage a replay's inputs with one kernel on CUDA (VERISPEC_STAGE_KERNEL=0: the torch copies; A/B).
 STAGE_KERNEL = os.environ.get("VERISPEC_STAGE_KERNEL", "1") != "0"
+# The staging kernel also fills the step's placeholder inputs (else the runner's torch gather does).
+FOLD_PLACEHOLDERS = os.environ.get("VERISPEC_FOLD_PLACEHOLDERS", "1") != "0"
 
 
 def capture_graph(forward, pool, error_mode: str = "global"):
@@ -139,17 +142,21 @@ class CudaGraphRunner:
         self.block_tables[:b].fill_(self.scratch_block)
 
     def _stage(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, n: int, b: int,
-               q: int) -> None:
+               q: int, placeholders: Placeholders | None = None) -> None:
         """The step's inputs into the static buffers, rows n..b-1 as padding: one kernel on CUDA
-        (kernels/graph_inputs.py), torch copies and fills otherwise."""
+        (kernels/graph_inputs.py), torch copies and fills otherwise. placeholders (pos, src, flat):
+        input_ids[pos] = flat[src] first (input_ids itself is updated too)."""
         src = (input_ids, positions, meta.slot_mapping, meta.query_start_loc, meta.seq_lens, meta.block_tables)
         dst = (self.input_ids, self.positions, self.slot_mapping, self.query_start_loc, self.seq_lens,
                self.block_tables)
         if STAGE_KERNEL and self.input_ids.is_cuda and all(x.is_cuda for x in src):
             from verispec.kernels.graph_inputs import stage_graph_inputs
 
-            stage_graph_inputs(src, dst, n, b, q, self.scratch_block, self.block_size)
+            stage_graph_inputs(src, dst, n, b, q, self.scratch_block, self.block_size, placeholders)
             return
+        if placeholders is not None:
+            pos_t, src_t, flat = placeholders
+            input_ids[pos_t] = flat[src_t]
         self._fill(n, b, q)
         t = n * q
         for x, buf in zip(src[:3], dst[:3], strict=True):
@@ -211,11 +218,14 @@ class CudaGraphRunner:
 
     @torch.inference_mode()
     def run(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, num_seqs: int, query_len: int
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, num_seqs: int, query_len: int,
+        placeholders: Placeholders | None = None,
     ) -> GraphOutput | None:
         """Replay the graph for a batch of num_seqs sequences of exactly query_len new tokens each;
-        None when no graph fits (the caller runs the model eagerly). No host sync (but a lazy
-        capture, once per shape)."""
+        None when no graph fits (the caller runs the model eagerly, and placeholders are left to
+        it). With a graph, placeholders (pos, src, flat) are filled while staging:
+        input_ids[pos] = flat[src], in the graph's buffer and in input_ids. No host sync (but a
+        lazy capture, once per shape)."""
         b = self.padded_batch(num_seqs)
         t = num_seqs * query_len
         if (
@@ -226,7 +236,7 @@ class CudaGraphRunner:
             return None
         if self.lazy and (b, query_len) not in self.graphs:
             self._capture_now(b, query_len)  # before staging the inputs: capturing rewrites the buffers
-        self._stage(input_ids, positions, meta, num_seqs, b, query_len)
+        self._stage(input_ids, positions, meta, num_seqs, b, query_len, placeholders)
         entry = self.graphs.get((b, query_len))
         if entry is not None:
             graph, hidden, captured = entry

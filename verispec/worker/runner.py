@@ -25,6 +25,7 @@ from verispec.models.layers.attention import AttentionMetadata, build_reference_
 from verispec.models.qwen2 import CausalLM
 from verispec.sampling_params import any_params
 from verispec.spec.verify import rejection_sample, verify_greedy, verify_random
+from verispec.worker import graphs as graphs_mod
 from verispec.worker.inputs import Staging, allocate_kv_cache, extend_slots, padded_tables, to_device
 from verispec.worker.sampler import (
     RowParams,
@@ -35,7 +36,14 @@ from verispec.worker.sampler import (
     top_logprobs,
     triton_argmax_ok,
 )
-from verispec.worker.token_state import PLACEHOLDER, DeviceTokens, Owner, check_fresh, gather_plan
+from verispec.worker.token_state import (
+    PLACEHOLDER,
+    DeviceTokens,
+    Owner,
+    Placeholders,
+    check_fresh,
+    gather_plan,
+)
 
 
 @dataclass
@@ -139,10 +147,16 @@ def _decode_only(scheduled: list[ScheduledRequest]) -> bool:
     return True
 
 
+def _fill_placeholders(ids: torch.Tensor, ph: Placeholders) -> None:
+    """ids[positions] = flat[sources]: the placeholders' device values (two torch index kernels)."""
+    pos_t, src_t, flat = ph
+    ids[pos_t] = flat[src_t]
+
+
 class _DeviceInputs(NamedTuple):
     """A step's inputs on the device (views of the runner's staging buffers)."""
 
-    ids: torch.Tensor  # [T] input ids, placeholders filled in
+    ids: torch.Tensor  # [T] input ids (placeholders filled in by launch: graph staging or a torch gather)
     ids_ext: torch.Tensor  # [T + 1]: the ids and a -2 sentinel (the padding of draft_idx)
     positions: torch.Tensor
     meta: AttentionMetadata
@@ -249,8 +263,16 @@ class ModelRunner:
         """Build the step's inputs (one host->device copy), run the model, verify / sample on the
         device and start one device->host copy of the results. Never waits for the device."""
         hb = self._assemble(sched)
-        inp = self._stage(hb, self._fault_sources(sched, sources))
-        out = self.graphs.run(inp.ids, inp.positions, inp.meta, len(hb.query_lens), inp.meta.max_query_len) if self.graphs else None
+        inp, ph = self._stage(hb, self._fault_sources(sched, sources))
+        fold = self.graphs is not None and graphs_mod.FOLD_PLACEHOLDERS
+        if ph is not None and not fold:
+            _fill_placeholders(inp.ids, ph)
+        out = None
+        if self.graphs:  # a replay fills the placeholders while staging its inputs (one kernel)
+            out = self.graphs.run(inp.ids, inp.positions, inp.meta, len(hb.query_lens), inp.meta.max_query_len,
+                                  ph if fold else None)
+        if out is None and ph is not None and fold:
+            _fill_placeholders(inp.ids, ph)
         if out is not None:
             hidden, captured = out.hidden, out.captured
             self.graph_steps += 1
@@ -276,9 +298,12 @@ class ModelRunner:
         rows = {rid: min(i, prev.values.shape[0] - 1) for i, rid in enumerate(order)}
         return {**sources, "out": DeviceTokens(prev.values, rows, prev.base)}
 
-    def _stage(self, hb: _HostBatch, sources: dict[str, DeviceTokens | None]) -> _DeviceInputs:
-        """The step's inputs on the device: one staged copy, then the placeholders filled in from
-        the device sources (token_state.gather_plan)."""
+    def _stage(
+        self, hb: _HostBatch, sources: dict[str, DeviceTokens | None]
+    ) -> tuple[_DeviceInputs, Placeholders | None]:
+        """The step's inputs on the device (one staged copy) and its placeholders, not yet filled:
+        (positions, source indices, flat device sources) per token_state.gather_plan, for launch to
+        apply (input_ids[positions] = flat[sources]) before anything reads the ids."""
         ph_pos, ph_src, flat = gather_plan(hb.placeholders, sources)
         ids = hb.ids
         if hb.placeholders and faults.active("placeholder_leak"):
@@ -294,15 +319,14 @@ class ModelRunner:
             [list(itertools.accumulate(hb.query_lens, initial=0)), hb.seq_lens, padded_tables(hb.tables, width)],
         )
         input_ids = ids_ext[:num_tokens]
-        if ph_pos:
-            input_ids[pos_t] = flat[src_t]
         meta = AttentionMetadata(
             slot_mapping=slots, query_start_loc=qsl, seq_lens=seq_lens, block_tables=tables.view(num_seqs, width),
             max_query_len=max(hb.query_lens), max_seq_len=max(hb.seq_lens), block_size=self.block_size,
             **self._reference_indices(hb),
         )
         drafts_at = draft_idx.view(len(hb.sampling), kmax) if kmax else None
-        return _DeviceInputs(input_ids, ids_ext, positions, meta, rows, drafts_at, row_idx)
+        ph = (pos_t, src_t, flat) if ph_pos else None
+        return _DeviceInputs(input_ids, ids_ext, positions, meta, rows, drafts_at, row_idx), ph
 
     def _sample(self, handle: StepHandle, hb: _HostBatch, inp: _DeviceInputs, hidden: torch.Tensor, draft_probs) -> None:
         """Logits of the sampled rows, verification / sampling, and the copy of the results."""

@@ -75,6 +75,8 @@ class DeviceTokens:
 
 
 Owner = tuple[str, str, int]  # (request id, "out" | "draft", index) of a placeholder input
+# On the device: (positions [P], source indices [P], flat [F]), meaning input_ids[positions] = flat[sources]
+Placeholders = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def gather_plan(
