@@ -17,7 +17,8 @@ Variants (comma-separated, the first is the reference; "+" joins patches):
   splitk-min=R       the split-K GEMM from R rows (linear.SPLITK_MIN_ROWS = R)
   no-pdl             programmatic dependent launch off
   l2=MB              attention asks L2 for MB of the next gate_up weight (0: off)
-  l2rows=N           ... in steps of up to N tokens (the default: one-row steps only)
+  l2rows=N           ... in steps of up to N tokens (l2_prefetch.MAX_ROWS)
+  l2seqs=N           ... in steps of up to N sequences (l2_prefetch.MAX_SEQS)
 """
 
 from __future__ import annotations
@@ -72,6 +73,8 @@ def _patch_one(model, name: str, setv) -> None:
         setv(linear, "SPLITK_MIN_ROWS", int(arg))
     elif key == "l2":
         setv(l2_prefetch, "PREFETCH_BYTES", int(float(arg) * (1 << 20)))
+    elif key == "l2seqs":
+        setv(l2_prefetch, "MAX_SEQS", int(arg))
     elif key == "l2rows":
         setv(l2_prefetch, "MAX_ROWS", int(arg))
     elif key == "no-pdl":

@@ -22,8 +22,9 @@ branch joined at the end of the forward) 8 MB more gained nothing, 16 / 24 MB co
 o_proj's head as well changed nothing (its GEMV loads its weights before its PDL wait). A launch
 whose programs prefetch seems to complete only once the prefetch has landed, so the prefetch
 must fit in the time its host kernel takes anyway: attention, launched early (PDL) and bound by
-latency, is that host. The prefetch at 4 and 16 rows (16 / 32 MB) cost +45 / +134 us, so only
-the one-row path asks.
+latency, is that host. Outside the one-row path (4 MB): one sequence of 4 / 8 tokens (a verify
+step) -19 / -2 us, two sequences of one token -9 us, but 4 / 8 sequences +30 / +84 us; so steps of
+at most MAX_SEQS sequences and MAX_ROWS tokens ask.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 PREFETCH_BYTES = int(float(os.environ.get("VERISPEC_L2_PREFETCH_MB", "4")) * (1 << 20))
-MAX_ROWS = 1  # steps of more tokens than this (other than the one-row path) go without the prefetch
+# Steps of more sequences or tokens than these (outside the one-row path) go without the prefetch.
+MAX_SEQS = 2
+MAX_ROWS = 8
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 _SUPPORTED: dict[int, bool] = {}
 

@@ -109,7 +109,8 @@ class DecoderLayer(nn.Module):
         else:
             x, residual = self.input_layernorm(x, residual)
         pf = None
-        if attn_fn is triton_attention and x.shape[0] <= l2_prefetch.MAX_ROWS:
+        if (attn_fn is triton_attention and x.shape[0] <= l2_prefetch.MAX_ROWS
+                and meta.query_start_loc.shape[0] <= l2_prefetch.MAX_SEQS + 1):
             pf = self.mlp.l2_regions(l2_prefetch.PREFETCH_BYTES)
         x = self.self_attn(x, positions, rotary, meta, kv_cache, attn_fn, pf)
         x, residual = self.post_attention_layernorm(x, residual)
