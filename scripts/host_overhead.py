@@ -143,7 +143,8 @@ def measure(model, batch: int, async_scheduling: bool, spec: dict | None, steps:
 
 
 SORT = "cumulative"
-CASES = {"decode": None, "ngram4": {"method": "ngram", "num_speculative_tokens": 4}}
+CASES = {"decode": None, "ngram4": {"method": "ngram", "num_speculative_tokens": 4},
+         "self4": {"method": "self", "num_speculative_tokens": 4}}
 
 
 def main() -> None:

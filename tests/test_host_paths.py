@@ -186,3 +186,29 @@ def test_stop_checks_match_their_definitions():
             assert req.finish_reason == "length"
         else:
             assert req.finish_reason is None
+
+
+def test_build_batch_staged_equals_separate_copies():
+    """build_batch through a Staging ring (one copy) gives the same tensors as its copy per tensor,
+    with and without ids and reference indices, across more calls than the ring has slots."""
+    from verispec.worker.inputs import SeqChunk, build_batch
+
+    rng = random.Random(7)
+    staging = Staging(torch.device("cpu"), slots=3, capacity=16)
+    for trial in range(8):
+        chunks = []
+        for _ in range(rng.randint(1, 5)):
+            n, start = rng.randint(1, 9), rng.randint(0, 40)
+            blocks = rng.sample(range(100), (start + n + 3) // 4)
+            chunks.append(SeqChunk([rng.randint(0, 999) for _ in range(n)], start, blocks))
+        kw = dict(with_reference=trial % 2 == 0, token_ids=trial % 3 != 0)
+        a = build_batch(chunks, 4, torch.device("cpu"), **kw)
+        b = build_batch(chunks, 4, torch.device("cpu"), staging=staging, **kw)
+        assert (a[0] is None) == (b[0] is None) and (a[0] is None or torch.equal(a[0], b[0]))
+        assert torch.equal(a[1], b[1])
+        for name in ("slot_mapping", "query_start_loc", "seq_lens", "block_tables"):
+            x, y = getattr(a[2], name), getattr(b[2], name)
+            assert x.dtype == y.dtype and torch.equal(x, y), name
+        assert (a[2].max_query_len, a[2].max_seq_len) == (b[2].max_query_len, b[2].max_seq_len)
+        if kw["with_reference"]:
+            assert torch.equal(a[2].kv_gather_idx, b[2].kv_gather_idx) and torch.equal(a[2].attn_mask, b[2].attn_mask)

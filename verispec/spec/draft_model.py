@@ -23,7 +23,7 @@ from verispec.engine.scheduler import SchedulerOutput
 from verispec.models.layers.attention import reference_attention
 from verispec.models.qwen2 import CausalLM
 from verispec.spec.proposer import Proposal, Proposer
-from verispec.worker.inputs import SeqChunk, allocate_kv_cache, build_batch, to_device
+from verispec.worker.inputs import SeqChunk, Staging, allocate_kv_cache, build_batch, to_device
 from verispec.worker.runner import sample_key
 from verispec.worker.sampler import argmax, probs_from_logits, row_params
 from verispec.worker.token_state import PLACEHOLDER, DeviceTokens, combine_inputs
@@ -48,6 +48,9 @@ class DraftModelProposer(Proposer):
         super().bind(num_blocks, block_size, max_model_len)
         c = self.model.config
         self.kv_caches = allocate_kv_cache(c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim, self.dtype, self.device)
+        # One pinned copy per forward; a ring of 2k + 2 slots, so the host fills one while the
+        # device still reads the inputs of a whole propose() and the next one's catch-up.
+        self.staging = Staging(torch.device(self.device), slots=2 * self.k + 2)
         if self.graph_max_batch > 0 and torch.device(self.device).type == "cuda":
             from verispec.worker.graphs import CudaGraphRunner
 
@@ -96,7 +99,10 @@ class DraftModelProposer(Proposer):
         active = list(range(len(reqs)))
         for step in range(kmax):
             toks = self._sample([reqs[i] for i in active], logits, probs, step)  # device [len(active)]
-            drafts[to_device(active, torch.long, self.device), step] = toks
+            if len(active) == len(reqs):
+                drafts[:, step] = toks
+            else:
+                drafts[to_device(active, torch.long, self.device), step] = toks
             nxt = []
             for j, i in enumerate(active):
                 self.written[reqs[i].request_id] = reqs[i].num_tokens + step
@@ -104,10 +110,11 @@ class DraftModelProposer(Proposer):
                     nxt.append((i, j))
             if not nxt:
                 break
+            if len(nxt) < len(active):
+                toks = toks[to_device([j for _, j in nxt], torch.long, self.device)]
             active = [i for i, _ in nxt]
-            sel = to_device([j for _, j in nxt], torch.long, self.device)
             chunks = [SeqChunk([0], reqs[i].num_tokens + step, reqs[i].block_ids) for i in active]
-            logits = self._forward(chunks, toks[sel])
+            logits = self._forward(chunks, toks)
         out.device = DeviceTokens(drafts, {r.request_id: i for i, r in enumerate(reqs)}, {r.request_id: 0 for r in reqs})
         out.token_ids = {r.request_id: [PLACEHOLDER] * k for r, k in zip(reqs, ks, strict=True)}
         out.probs = {rid: torch.stack(p) for rid, p in probs.items() if p}
@@ -130,11 +137,13 @@ class DraftModelProposer(Proposer):
 
     def _forward(self, chunks: list[SeqChunk], input_ids: torch.Tensor) -> torch.Tensor:
         with_ref = self.model.attn_fn is reference_attention
-        _, pos, meta = build_batch(chunks, self.block_size, self.device, token_ids=False, with_reference=with_ref)
+        _, pos, meta = build_batch(chunks, self.block_size, self.device, token_ids=False, with_reference=with_ref,
+                                   staging=self.staging)
         out = self.graphs.run(input_ids, pos, meta, len(chunks), meta.max_query_len) if self.graphs else None
         hidden = out.hidden if out is not None else self.model(input_ids, pos, meta, self.kv_caches)[0]
-        last = meta.query_start_loc[1:].long() - 1
-        return self.model.compute_logits(hidden[last])
+        if meta.max_query_len > 1:  # one token per chunk: every row is the chunk's last
+            hidden = hidden[meta.query_start_loc[1:].long() - 1]
+        return self.model.compute_logits(hidden)
 
     def _sample(self, reqs: list[Request], logits: torch.Tensor, probs: dict, step: int) -> torch.Tensor:
         toks = argmax(logits)

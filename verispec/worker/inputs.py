@@ -36,12 +36,15 @@ def build_batch(
     device: torch.device,
     with_reference: bool = True,
     token_ids: bool = True,
+    staging: Staging | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor, AttentionMetadata]:
     """Flat input ids and positions plus attention metadata (host work, one copy to device).
     token_ids=False skips the ids (the caller combines them on the device).
 
     with_reference=False skips the padded gather indices / mask that only reference_attention
-    reads (the Triton backend reads query_start_loc, seq_lens and block_tables)."""
+    reads (the Triton backend reads query_start_loc, seq_lens and block_tables). staging: move
+    everything in that Staging's one pinned copy (the tensors are then views valid until its
+    ring comes round again), instead of a copy per tensor."""
     ids: list[int] = []
     pos: list[int] = []
     slots: list[int] = []
@@ -55,6 +58,11 @@ def build_batch(
         seq_lens.append(c.start + n)
         tables.append(c.block_ids)
     max_blocks = max(len(t) for t in tables)
+    if staging is not None:
+        return _staged_batch(staging, ids if token_ids else [], pos, slots, query_lens, seq_lens,
+                             padded_tables(tables, max_blocks), max_blocks, block_size,
+                             build_reference_indices(query_lens, seq_lens, tables, block_size, device)
+                             if with_reference else {})
     bt = torch.tensor(padded_tables(tables, max_blocks), dtype=torch.int32).view(len(chunks), max_blocks)
     qsl = torch.zeros(len(chunks) + 1, dtype=torch.int32)
     qsl[1:] = torch.tensor(query_lens, dtype=torch.int32).cumsum(0)
@@ -71,6 +79,19 @@ def build_batch(
     input_ids = torch.tensor(ids, dtype=torch.long).to(device, non_blocking=True) if token_ids else None
     positions = torch.tensor(pos, dtype=torch.long).to(device, non_blocking=True)
     return input_ids, positions, meta
+
+
+def _staged_batch(staging: Staging, ids: list[int], pos: list[int], slots: list[int], query_lens: list[int],
+                  seq_lens: list[int], flat_tables: list[int], width: int, block_size: int,
+                  reference: dict) -> tuple[torch.Tensor | None, torch.Tensor, AttentionMetadata]:
+    """build_batch's tensors as views of one staged copy."""
+    qsl = list(itertools.accumulate(query_lens, initial=0))
+    ids_t, pos_t, slots_t, qsl_t, sl_t, bt_t = staging.stage([ids, pos, slots], [qsl, seq_lens, flat_tables])
+    meta = AttentionMetadata(
+        slot_mapping=slots_t, query_start_loc=qsl_t, seq_lens=sl_t, block_tables=bt_t.view(len(query_lens), width),
+        max_query_len=max(query_lens), max_seq_len=max(seq_lens), block_size=block_size, **reference,
+    )
+    return ids_t, pos_t, meta
 
 
 def allocate_kv_cache(

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from verispec.worker.inputs import to_device
+
 PLACEHOLDER = -1
 
 
@@ -125,13 +127,13 @@ def combine_inputs(
 
     placeholders = [(i, owners[i]) for i, tok in enumerate(host_ids) if tok == PLACEHOLDER]
     positions, gather, flat = gather_plan(placeholders, sources)
-    ids = torch.tensor(host_ids, dtype=torch.long)
-    if faults.active("placeholder_leak"):
-        ids[ids == PLACEHOLDER] = 0  # the bug: a placeholder id reaches the model as a real token
-        return ids.to(device, non_blocking=True)
-    ids_dev = ids.to(device, non_blocking=True)
-    if positions:
-        pos_t = torch.tensor(positions, dtype=torch.long).to(device, non_blocking=True)
-        src_t = torch.tensor(gather, dtype=torch.long).to(device, non_blocking=True)
-        ids_dev[pos_t] = flat[src_t]
+    if faults.active("placeholder_leak"):  # the bug: a placeholder id reaches the model as a real token
+        return to_device([0 if t == PLACEHOLDER else t for t in host_ids], torch.long, device)
+    if not positions:
+        return to_device(host_ids, torch.long, device)
+    # One pinned copy of ids, positions and sources (pageable copies may wait for the stream).
+    n, p = len(host_ids), len(positions)
+    packed = to_device(host_ids + positions + gather, torch.long, device)
+    ids_dev = packed[:n]
+    ids_dev[packed[n : n + p]] = flat[packed[n + p :]]
     return ids_dev
