@@ -5,7 +5,7 @@ decode steps it prints the median step wall time, the time the GPU was busy, and
 (graph kernels included) its count and time per step, so the work around the graph shows too.
 
     python3 scripts/step_trace.py --model qwen2.5-coder-1.5b-instruct --batch 1 --output-len 48 \
-        --variants base,old
+        --variants base,old  [--spec self --k 4: a speculative engine's steps]
 Variants (comma-separated; "+" joins switches; each gets a fresh engine, traced in turn):
   base             the defaults
   torch-stage      the graph's inputs staged by torch copies and fills (graphs.STAGE_KERNEL off)
@@ -98,6 +98,8 @@ def main() -> int:
     ap.add_argument("--output-len", type=int, default=48)
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--variants", default="base")
+    ap.add_argument("--spec", default="none", help="a speculative method (self, ngram): trace its engine steps")
+    ap.add_argument("--k", type=int, default=4, help="speculative tokens per step (with --spec)")
     args = ap.parse_args()
     bm = load_bench_model(BenchSetup(model=args.model, random_weights=True))
     g = torch.Generator().manual_seed(0)
@@ -119,11 +121,14 @@ def trace(bm, prompts: list[list[int]], args, name: str) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     lens = [args.output_len] * args.batch
-    engine = make_engine(bm, None, args.batch, prompts, lens)
+    from verispec.bench.spec import spec_config
+
+    engine = make_engine(bm, spec_config(args.spec, args.k, None), args.batch, prompts, lens)
     params = [greedy(n) for n in lens]
-    drive(engine, prompts, params, bm.device, stream=False)  # compiles, graph capture
+    stream = args.spec != "none"  # final-only runs cannot count a speculative step's tokens
+    drive(engine, prompts, params, bm.device, stream=stream)  # compiles, graph capture
     with profile(activities=[ProfilerActivity.CUDA if torch.cuda.is_available() else ProfilerActivity.CPU]) as prof:
-        drive(engine, prompts, params, bm.device, stream=False)
+        drive(engine, prompts, params, bm.device, stream=stream)
     steps = steps_of(gpu_ops(prof))
     decode = [s for s in steps[2:-1] if len(s) > 10]  # past the prefill, before the last
     if len(decode) < 3:
