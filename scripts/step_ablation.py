@@ -16,7 +16,6 @@ Variants (comma-separated, the first is the reference; "+" joins patches):
   splitk=R           the split-K GEMM for up to R rows (linear.SPLITK_MAX_ROWS = R)
   splitk-min=R       the split-K GEMM from R rows (linear.SPLITK_MIN_ROWS = R)
   no-pdl             programmatic dependent launch off
-  no-skinny-norm     2..16 rows: RMSNorm as separate kernels, not in the skinny kernel's prologue
   l2=MB              attention asks L2 for MB of the next gate_up weight (0: off)
   l2rows=N           ... in steps of up to N tokens (l2_prefetch.MAX_ROWS)
   l2seqs=N           ... in steps of up to N sequences (l2_prefetch.MAX_SEQS)
@@ -37,7 +36,6 @@ from verispec.bench.common import random_model, shapes_for  # noqa: E402
 from verispec.bench.profile import _step_inputs  # noqa: E402
 from verispec.kernels import fused, l2_prefetch, linear, pdl  # noqa: E402
 from verispec.kernels import paged_attention as pa  # noqa: E402
-from verispec.models import qwen2  # noqa: E402
 from verispec.worker.graphs import CudaGraphRunner  # noqa: E402
 
 
@@ -79,8 +77,6 @@ def _patch_one(model, name: str, setv) -> None:
         setv(l2_prefetch, "MAX_SEQS", int(arg))
     elif key == "l2rows":
         setv(l2_prefetch, "MAX_ROWS", int(arg))
-    elif key == "no-skinny-norm":
-        setv(qwen2, "FUSE_NORM_SKINNY", False)
     elif key == "no-pdl":
         setv(pdl, "_OFF", True)
         setv(pdl, "_ENABLED", {})

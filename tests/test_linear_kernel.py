@@ -118,31 +118,6 @@ def test_gemv_norm_prologue(device, dtype, m, n, k, silu, residual):
     torch.testing.assert_close(out.float(), lin.skinny_linear_ref(normed, w, silu_mul=silu).float(), **tol(dtype))
 
 
-@pytest.mark.parametrize("device,dtype", [CPU, GPU])
-@pytest.mark.parametrize("m,n,k,silu,residual,bias", [(2, 19, 300, True, True, False), (5, 37, 129, False, True, True),
-                                                       (16, 40, 77, True, False, False), (3, 33, 1536, False, False, True),
-                                                       (13, 70, 530, False, True, False)])
-def test_skinny_norm_prologue(device, dtype, m, n, k, silu, residual, bias):
-    """The skinny kernel's RMSNorm prologue (2..16 rows): the same as fused.rms_norm_ref followed by
-    the reference product; the new residual is x + residual exactly (or x itself without one)."""
-    from verispec.kernels.fused import rms_norm_ref
-
-    x = rand(m, k, seed=m + k, device=device, dtype=dtype)
-    r = rand(m, k, seed=m + k + 1, device=device, dtype=dtype) if residual else None
-    nw = rand(k, seed=k + 2, device=device, dtype=dtype, scale=0.1) + 1
-    w = rand(2 * n if silu else n, k, seed=k + 3, device=device, dtype=dtype, scale=k**-0.5)
-    b = rand(n, seed=n, device=device, dtype=dtype) if bias and not silu else None
-    out, new_res = lin.skinny_linear(x, w, b, silu_mul=silu, norm=(nw, 1e-6), residual=r)
-    normed = rms_norm_ref(x, nw, 1e-6, r)
-    if residual:
-        normed, want_res = normed
-        assert torch.equal(new_res, want_res)
-    else:
-        assert new_res is x
-    want = lin.skinny_linear_ref(normed, w, b, silu_mul=silu).float()
-    torch.testing.assert_close(out.float(), want, **tol(dtype))
-
-
 # Split-K (batched decode): small tiles forced on the CPU keep the interpreter quick; SPLIT_K 3 over K = 333
 # and BLOCK_K 64 gives three splits of 128 (two BLOCK_K iterations each), the last one cut at K.
 def splitk_cfg(split: int) -> dict:
@@ -247,33 +222,3 @@ def test_gemv_float32_out_is_rounded_like_a_cast(device, dtype):
     assert torch.equal(wide, lin.gemv(x, w).float())
     assert torch.equal(lin.linear(x.cpu().float(), w.cpu().float(), out_dtype=torch.float64),
                        torch.nn.functional.linear(x.cpu().float(), w.cpu().float()).double())
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("rows", [2, 5, 16])
-def test_model_few_rows_norm_prologue_matches_separate_norms(monkeypatch, rows):
-    """Two layers with the 1.5B's shapes: a step of `rows` tokens (a verify step's shape) with the
-    norms in the skinny prologues gives the logits of the separate RMSNorm kernels (bf16 rounding:
-    the prologue sums squares tile by tile)."""
-    import dataclasses
-
-    from verispec.bench.common import random_model, shapes_for
-    from verispec.kernels.fused import enable_triton
-    from verispec.models import qwen2
-    from verispec.worker.inputs import SeqChunk, allocate_kv_cache, build_batch
-
-    cfg = dataclasses.replace(shapes_for("qwen2.5-coder-1.5b-instruct"), num_layers=2)
-    dev = torch.device("cuda")
-    model = random_model(cfg, dev, torch.bfloat16)
-    enable_triton(model, True)
-    logits = {}
-    for fused in (False, True):
-        monkeypatch.setattr(qwen2, "FUSE_NORM_SKINNY", fused)
-        kv = allocate_kv_cache(cfg.num_layers, 8, 16, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16, dev)
-        ids, pos, meta = build_batch([SeqChunk(list(range(100, 141)), 0, list(range(8)))], 16, dev)
-        model(ids, pos, meta, kv)
-        ids, pos, meta = build_batch([SeqChunk(list(range(7, 7 + rows)), 41, list(range(8)))], 16, dev)
-        logits[fused] = model.compute_logits(model(ids, pos, meta, kv)[0]).float()
-    rel = ((logits[True] - logits[False]).norm() / logits[False].norm()).item()
-    assert rel < 1e-2, rel

@@ -112,36 +112,13 @@ def _gemv_kernel(
 
 
 @triton.jit
-def _norm_rows(x_rows, r_rows, rout_rows, m_ok, eps, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-               HAS_RES: tl.constexpr, WRITE_RES):
-    """1 / RMS of each row of x (+ residual, rounded to x's dtype first, as fused.rms_norm does),
-    float32 [BLOCK_M], summed over BLOCK_K-wide tiles; WRITE_RES: the rounded sum goes to rout."""
-    kr = tl.arange(0, BLOCK_K)
-    ss = tl.zeros([BLOCK_M], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + kr
-        ok = m_ok[:, None] & (k < K)[None, :]
-        x = tl.load(x_rows + k[None, :], mask=ok, other=0.0)
-        if HAS_RES:
-            x = (x.to(tl.float32) + tl.load(r_rows + k[None, :], mask=ok, other=0.0).to(tl.float32)).to(x.dtype)
-            tl.store(rout_rows + k[None, :], x, mask=ok & WRITE_RES)
-        xf = x.to(tl.float32)
-        ss += tl.sum(xf * xf, 1)
-    return 1.0 / tl.sqrt(ss / K + eps)
-
-
-@triton.jit
 def _skinny_kernel(
-    x_ptr, w_ptr, b_ptr, out_ptr, nw_ptr, r_ptr, rout_ptr, eps, M, N_OUT, UP_OFFSET,
+    x_ptr, w_ptr, b_ptr, out_ptr, M, N_OUT, UP_OFFSET,
     stride_xm, stride_wn, stride_om, K: tl.constexpr,
     HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, USE_DOT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
-    NORM: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr, PDL: tl.constexpr,
 ):
-    """out[m, n] = sum_k x[m, k] w[n, k] (+ b[n]); SILU_MUL: silu(that) * (same with row n + UP_OFFSET).
-    NORM: x is first RMSNorm'ed with weight nw (after adding the residual r, HAS_RES; rows of K
-    contiguous elements), rounded as fused.rms_norm rounds; the first column block of programs
-    writes the sum x + r to rout."""
+    """out[m, n] = sum_k x[m, k] w[n, k] (+ b[n]); SILU_MUL: silu(that) * (same with row n + UP_OFFSET)."""
     wait_prior(PDL)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -150,23 +127,12 @@ def _skinny_kernel(
     kr = tl.arange(0, BLOCK_K)
     w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
     x_rows = x_ptr + m.to(tl.int64)[:, None] * stride_xm
-    r_rows = r_ptr + m.to(tl.int64)[:, None] * K
-    inv = tl.zeros([BLOCK_M], tl.float32)
-    if NORM:
-        inv = _norm_rows(x_rows, r_rows, rout_ptr + m.to(tl.int64)[:, None] * K, m_ok, eps, K, BLOCK_M, BLOCK_K,
-                         HAS_RES, tl.program_id(0) == 0)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + kr
         k_ok = k < K
         x = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        if NORM:
-            if HAS_RES:
-                r = tl.load(r_rows + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-                x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
-            nw = tl.load(nw_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
-            x = (x.to(tl.float32) * inv[:, None] * nw[None, :]).to(x.dtype)
         w = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         if USE_DOT:
             acc += tl.dot(x, tl.trans(w), input_precision=DOT_PREC)
@@ -211,28 +177,21 @@ def _out_for(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool) -> tuple[int
 
 def skinny_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, silu_mul: bool = False,
-    config: dict | None = None, norm: tuple[torch.Tensor, float] | None = None, residual: torch.Tensor | None = None,
-):
+    config: dict | None = None,
+) -> torch.Tensor:
     """The Triton path: x [M, K] (last dim contiguous) times weight [N, K]^T -> [M, N] (or [M, N/2]
-    with silu_mul, where weight stacks [gate; up]).
-
-    norm=(weight, eps) applies RMSNorm to x first (after adding `residual`, as fused.rms_norm;
-    x contiguous), then returns (out, the new residual x + residual, or x without one)."""
+    with silu_mul, where weight stacks [gate; up])."""
     m, k, n_out, out = _out_for(x, weight, silu_mul)
-    if norm is not None:
-        assert x.is_contiguous() and (residual is None or (residual.shape == x.shape and residual.is_contiguous()))
-    rout = torch.empty_like(x) if norm is not None and residual is not None else x
-    if m:
-        cfg = dict(config or skinny_config(m, n_out, k, silu_mul) or _FALLBACK)
-        grid = (triton.cdiv(n_out, cfg["BLOCK_N"]), triton.cdiv(m, cfg["BLOCK_M"]))
-        nw, eps = norm if norm is not None else (weight, 0.0)
-        _skinny_kernel[grid](
-            x, weight, bias if bias is not None else weight, out, nw, residual if residual is not None else x, rout,
-            eps, m, n_out, n_out if silu_mul else 0, x.stride(0), weight.stride(0), out.stride(0), K=k,
-            HAS_BIAS=bias is not None, SILU_MUL=silu_mul, DOT_PREC=_dot_prec(x), NORM=norm is not None,
-            HAS_RES=residual is not None, **cfg, **launch_kwargs(x.device),
-        )
-    return out if norm is None else (out, rout)
+    if m == 0:
+        return out
+    cfg = dict(config or skinny_config(m, n_out, k, silu_mul) or _FALLBACK)
+    grid = (triton.cdiv(n_out, cfg["BLOCK_N"]), triton.cdiv(m, cfg["BLOCK_M"]))
+    _skinny_kernel[grid](
+        x, weight, bias if bias is not None else weight, out, m, n_out, n_out if silu_mul else 0,
+        x.stride(0), weight.stride(0), out.stride(0), K=k,
+        HAS_BIAS=bias is not None, SILU_MUL=silu_mul, DOT_PREC=_dot_prec(x), **cfg, **launch_kwargs(x.device),
+    )
+    return out
 
 
 def _dot_prec(x: torch.Tensor) -> str:
@@ -433,11 +392,6 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 # Tiles for shapes skinny_config / splitk_config leave to cuBLAS, when called on them anyway (tests).
 _FALLBACK = dict(USE_DOT=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=128, num_warps=4, num_stages=3)
 _SPLITK_FALLBACK = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=4)
-
-
-def linear_path(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False) -> str:
-    """Which path linear / gate_up_silu take for x @ weight^T: "gemv", "skinny", "splitk" or "torch"."""
-    return _pick(x, weight, silu_mul)
 
 
 def _pick(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False) -> str:

@@ -16,7 +16,7 @@ from torch import nn
 from verispec.config import ModelConfig
 from verispec.kernels import l2_prefetch
 from verispec.kernels.l2_prefetch import Regions, stacked_head
-from verispec.kernels.linear import GEMV_MAX_ROWS, gate_up_silu, gemv, linear, linear_path, skinny_linear
+from verispec.kernels.linear import GEMV_MAX_ROWS, gate_up_silu, gemv, linear
 from verispec.kernels.paged_attention import triton_attention
 from verispec.kernels.qkv_rope import qkv_rope_write_kv
 from verispec.models.layers.attention import AttentionMetadata, reference_attention, write_kv
@@ -25,8 +25,6 @@ from verispec.models.layers.rotary import RotaryEmbedding
 
 # Batch-1 decode: RMSNorm in the next projection's prologue (VERISPEC_FUSE_NORM=0: separate kernels).
 FUSE_NORM = os.environ.get("VERISPEC_FUSE_NORM", "1") != "0"
-# 2..16 rows: the same in the skinny kernel's prologue (VERISPEC_FUSE_NORM_SKINNY=0: separate kernels).
-FUSE_NORM_SKINNY = os.environ.get("VERISPEC_FUSE_NORM_SKINNY", "1") != "0"
 
 
 class Attention(nn.Module):
@@ -49,15 +47,9 @@ class Attention(nn.Module):
     def forward(self, x, positions, rotary: RotaryEmbedding, meta: AttentionMetadata, kv_cache, attn_fn,
                 prefetch: Regions | None = None):
         """prefetch: weight regions the attention launch asks L2 for (triton_attention only)."""
+        t = x.shape[0]
         fast = self.use_triton and x.is_cuda
         qkv = (linear if fast else F.linear)(x, self.qkv_proj.weight, self.qkv_proj.bias)
-        return self.attend(qkv, positions, rotary, meta, kv_cache, attn_fn, prefetch)
-
-    def attend(self, qkv, positions, rotary: RotaryEmbedding, meta: AttentionMetadata, kv_cache, attn_fn,
-               prefetch: Regions | None = None):
-        """Everything after the qkv projection: rotary, the K/V write, attention, o_proj."""
-        t = qkv.shape[0]
-        fast = self.use_triton and qkv.is_cuda
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
@@ -108,44 +100,21 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x, residual, positions, rotary, meta, kv_cache, attn_fn):
-        fast = self.self_attn.use_triton and x.is_cuda and rotary.use_triton and not self.self_attn.qk_norm
-        if fast and x.shape[0] <= GEMV_MAX_ROWS:
+        if (self.self_attn.use_triton and x.is_cuda and x.shape[0] <= GEMV_MAX_ROWS and rotary.use_triton
+                and not self.self_attn.qk_norm):
             return self._forward_one_row(x, residual, positions, rotary, meta, kv_cache, attn_fn)
-        pf = None
-        if (attn_fn is triton_attention and x.shape[0] <= l2_prefetch.MAX_ROWS
-                and meta.query_start_loc.shape[0] <= l2_prefetch.MAX_SEQS + 1):
-            pf = self.mlp.l2_regions(l2_prefetch.PREFETCH_BYTES)
-        if fast and FUSE_NORM_SKINNY and self._skinny_norm_ok(x):
-            return self._forward_few_rows(x, residual, positions, rotary, meta, kv_cache, attn_fn, pf)
         if residual is None:
             residual = x
             x = self.input_layernorm(x)
         else:
             x, residual = self.input_layernorm(x, residual)
+        pf = None
+        if (attn_fn is triton_attention and x.shape[0] <= l2_prefetch.MAX_ROWS
+                and meta.query_start_loc.shape[0] <= l2_prefetch.MAX_SEQS + 1):
+            pf = self.mlp.l2_regions(l2_prefetch.PREFETCH_BYTES)
         x = self.self_attn(x, positions, rotary, meta, kv_cache, attn_fn, pf)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
-
-    def _skinny_norm_ok(self, x: torch.Tensor) -> bool:
-        """Whether qkv and gate_up of these rows take the skinny Triton kernel (its norm prologue);
-        cached per row count (the answer depends on shapes only)."""
-        cache = self.__dict__.setdefault("_skinny_rows", {})
-        ok = cache.get(x.shape[0])
-        if ok is None:
-            ok = cache[x.shape[0]] = (linear_path(x, self.self_attn.qkv_proj.weight) == "skinny"
-                                      and linear_path(x, self.mlp.gate_up_proj.weight, True) == "skinny")
-        return ok and x.is_contiguous()
-
-    def _forward_few_rows(self, x, residual, positions, rotary, meta, kv_cache, attn_fn, pf):
-        """2..16 rows on CUDA: each RMSNorm runs in the prologue of the skinny kernel of the
-        projection after it (qkv, gate_up), two dependent launches fewer per layer."""
-        attn, mlp, ln1, ln2 = self.self_attn, self.mlp, self.input_layernorm, self.post_attention_layernorm
-        qkv, residual = skinny_linear(x, attn.qkv_proj.weight, attn.qkv_proj.bias, norm=(ln1.weight, ln1.eps),
-                                      residual=residual)
-        o = attn.attend(qkv, positions, rotary, meta, kv_cache, attn_fn, pf)
-        y, residual = skinny_linear(o, mlp.gate_up_proj.weight, silu_mul=True, norm=(ln2.weight, ln2.eps),
-                                    residual=residual)
-        return linear(y, mlp.down_proj.weight), residual
 
     def _forward_one_row(self, x, residual, positions, rotary, meta, kv_cache, attn_fn):
         """Batch-1 decode on CUDA in five kernels: [RMSNorm +] qkv + rotary + K/V write, attention
