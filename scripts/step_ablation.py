@@ -79,7 +79,6 @@ def _patch_one(model, name: str, setv) -> None:
         setv(l2_prefetch, "MAX_ROWS", int(arg))
     elif key == "no-pdl":
         setv(pdl, "_OFF", True)
-        setv(pdl, "_ENABLED", {})
     else:
         raise SystemExit(f"unknown variant {name!r}")
 

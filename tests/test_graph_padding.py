@@ -117,12 +117,7 @@ def test_stage_kernel_matches_torch_copies(n, b, q, width):
     buffers exactly as the torch copies and padding fills do, whatever the buffers held before."""
     from verispec.kernels.graph_inputs import stage_graph_inputs
 
-    model = tiny_model(tiny_config(vocab=VOCAB))
-    model.attn_fn = metadata_attention
-    kv = allocate_kv_cache(model.config.num_layers, 12, 4, model.config.num_kv_heads, model.config.head_dim,
-                           torch.float32, "cpu")
-    runners = [CudaGraphRunner(model, kv, max_batch=4, query_lens=(1, 3), block_size=4, max_blocks_per_seq=6,
-                               capture=False) for _ in range(2)]
+    runners = _two_runners(max_batch=4)
     g = torch.Generator().manual_seed(n * 10 + q)
     t = n * q
     src = (torch.randint(0, VOCAB, (t,), generator=g), torch.randint(0, 20, (t,), generator=g),
@@ -140,6 +135,16 @@ def test_stage_kernel_matches_torch_copies(n, b, q, width):
         assert torch.equal(got[:m], want[:m]), name
 
 
+def _two_runners(max_batch: int) -> list[CudaGraphRunner]:
+    """Two uncaptured graph runners over one tiny model (block size 4, query lengths 1 and 3)."""
+    model = tiny_model(tiny_config(vocab=VOCAB))
+    model.attn_fn = metadata_attention
+    kv = allocate_kv_cache(model.config.num_layers, 12, 4, model.config.num_kv_heads, model.config.head_dim,
+                           torch.float32, "cpu")
+    return [CudaGraphRunner(model, kv, max_batch=max_batch, query_lens=(1, 3), block_size=4, max_blocks_per_seq=6,
+                            capture=False) for _ in range(2)]
+
+
 def _meta_of(src):
     from verispec.models.layers.attention import AttentionMetadata
 
@@ -153,12 +158,7 @@ def test_stage_kernel_fills_placeholders(n, b, q, num_ph):
     static buffers and the step's own ids exactly as the torch gather followed by the copies."""
     from verispec.kernels.graph_inputs import stage_graph_inputs
 
-    model = tiny_model(tiny_config(vocab=VOCAB))
-    model.attn_fn = metadata_attention
-    kv = allocate_kv_cache(model.config.num_layers, 12, 4, model.config.num_kv_heads, model.config.head_dim,
-                           torch.float32, "cpu")
-    runners = [CudaGraphRunner(model, kv, max_batch=48, query_lens=(1, 3), block_size=4, max_blocks_per_seq=6,
-                               capture=False) for _ in range(2)]
+    runners = _two_runners(max_batch=48)
     g = torch.Generator().manual_seed(n + num_ph)
     t = n * q
     ids = torch.randint(0, VOCAB, (t,), generator=g)

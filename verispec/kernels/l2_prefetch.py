@@ -39,24 +39,20 @@ if not torch.cuda.is_available():
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from verispec.kernels.pdl import hopper_or_newer  # noqa: E402
+
 PREFETCH_BYTES = int(float(os.environ.get("VERISPEC_L2_PREFETCH_MB", "4")) * (1 << 20))
 # Steps of more sequences or tokens than these (outside the one-row path) go without the prefetch.
 MAX_SEQS = 2
 MAX_ROWS = 8
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-_SUPPORTED: dict[int, bool] = {}
 
 Regions = tuple[int, int, int, int]  # (address 0, bytes 0, address 1, bytes 1)
 
 
 def prefetch_supported(device: torch.device) -> bool:
     """True on a compiled (not interpreted) CUDA device of compute capability >= 9.0."""
-    if device.type != "cuda" or _INTERPRET:
-        return False
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SUPPORTED:
-        _SUPPORTED[idx] = torch.cuda.get_device_capability(idx) >= (9, 0)
-    return _SUPPORTED[idx]
+    return not _INTERPRET and hopper_or_newer(device)
 
 
 def stacked_head(weight: torch.Tensor, nbytes: int) -> Regions | None:

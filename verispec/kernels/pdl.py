@@ -36,18 +36,23 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 _OFF = os.environ.get("VERISPEC_PDL", "1") == "0"  # read once: launch_kwargs runs at every launch
-_ENABLED: dict[int, bool] = {}
+_SM90: dict[int, bool] = {}
 _ON, _NO = {"PDL": True, "launch_pdl": True}, {"PDL": False}  # never mutated (callers unpack them)
+
+
+def hopper_or_newer(device: torch.device) -> bool:
+    """True for a CUDA device of compute capability >= 9.0 (cached per device index)."""
+    if device.type != "cuda":
+        return False
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM90:
+        _SM90[idx] = torch.cuda.get_device_capability(idx) >= (9, 0)
+    return _SM90[idx]
 
 
 def pdl_enabled(device: torch.device) -> bool:
     """True where kernels on `device` are launched with PDL (CUDA, compute capability >= 9.0)."""
-    if device.type != "cuda" or _OFF:
-        return False
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _ENABLED:
-        _ENABLED[idx] = torch.cuda.get_device_capability(idx) >= (9, 0)
-    return _ENABLED[idx]
+    return not _OFF and hopper_or_newer(device)
 
 
 def launch_kwargs(device: torch.device) -> dict:
