@@ -3,8 +3,8 @@
 At batch-1 decode a layer's attention (and its split-K combine) moves a few hundred KB: for ~6 us
 per layer the HBM sits almost idle, then the MLP's gate_up projection streams 55 MB (1.5B). The
 attention launch can carry a few extra programs that ask the memory system to bring the first
-part of that weight into L2 (`cp.async.bulk.prefetch.L2`, Hopper's bulk prefetch: no registers, no
-completion to wait for; the programs issue it and exit). The GEMV that follows then finds that
+part of that weight into L2 (`cp.async.bulk.prefetch.L2`, Hopper's bulk prefetch: no registers,
+nothing the program waits on; the programs issue it and exit). The GEMV that follows then finds that
 part in L2. A prefetch is only a hint: it reads constants (weights), writes nothing, and a line
 evicted before use is simply read again from HBM, so results are unchanged whatever it does.
 
