@@ -63,8 +63,16 @@ class Attention(nn.Module):
         else:
             q, k = rotary(positions, q, k)
             write_kv(kv_cache, k, v, meta.slot_mapping)
-        out = attn_fn(q, kv_cache, meta, self.scale) if prefetch is None else attn_fn(q, kv_cache, meta, self.scale, prefetch=prefetch)
+        out = call_attention(attn_fn, q, kv_cache, meta, self.scale, prefetch)
         return (linear if fast else F.linear)(out.reshape(t, -1), self.o_proj.weight)
+
+
+def call_attention(attn_fn, q, kv_cache, meta: AttentionMetadata, scale: float, prefetch: Regions | None):
+    """attn_fn(q, kv_cache, meta, scale), passing prefetch only when there is one (only
+    triton_attention takes it)."""
+    if prefetch is None:
+        return attn_fn(q, kv_cache, meta, scale)
+    return attn_fn(q, kv_cache, meta, scale, prefetch=prefetch)
 
 
 class MLP(nn.Module):
@@ -100,27 +108,28 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x, residual, positions, rotary, meta, kv_cache, attn_fn):
+        # Small steps' attention asks L2 for the head of gate_up's weight (kernels/l2_prefetch.py).
+        pf = None
+        if (attn_fn is triton_attention and x.shape[0] <= l2_prefetch.MAX_ROWS
+                and meta.query_start_loc.shape[0] <= l2_prefetch.MAX_SEQS + 1):
+            pf = self.mlp.l2_regions(l2_prefetch.PREFETCH_BYTES)
         if (self.self_attn.use_triton and x.is_cuda and x.shape[0] <= GEMV_MAX_ROWS and rotary.use_triton
                 and not self.self_attn.qk_norm):
-            return self._forward_one_row(x, residual, positions, rotary, meta, kv_cache, attn_fn)
+            return self._forward_one_row(x, residual, positions, rotary, meta, kv_cache, attn_fn, pf)
         if residual is None:
             residual = x
             x = self.input_layernorm(x)
         else:
             x, residual = self.input_layernorm(x, residual)
-        pf = None
-        if (attn_fn is triton_attention and x.shape[0] <= l2_prefetch.MAX_ROWS
-                and meta.query_start_loc.shape[0] <= l2_prefetch.MAX_SEQS + 1):
-            pf = self.mlp.l2_regions(l2_prefetch.PREFETCH_BYTES)
         x = self.self_attn(x, positions, rotary, meta, kv_cache, attn_fn, pf)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
-    def _forward_one_row(self, x, residual, positions, rotary, meta, kv_cache, attn_fn):
+    def _forward_one_row(self, x, residual, positions, rotary, meta, kv_cache, attn_fn, pf: Regions | None):
         """Batch-1 decode on CUDA in five kernels: [RMSNorm +] qkv + rotary + K/V write, attention
         (+ its combine), o, [RMSNorm +] gate_up + SiLU-mul, down. Each bracketed norm runs in its
-        projection's prologue (FUSE_NORM), which saves a dependent kernel launch per norm. The
-        attention launch also asks L2 for the head of gate_up's weight (kernels/l2_prefetch.py)."""
+        projection's prologue (FUSE_NORM), which saves a dependent kernel launch per norm. pf:
+        what the attention launch asks L2 for (the head of gate_up's weight)."""
         attn, mlp, ln1, ln2 = self.self_attn, self.mlp, self.input_layernorm, self.post_attention_layernorm
         args = (attn.qkv_proj.weight, attn.qkv_proj.bias, positions, rotary.cos, rotary.sin, kv_cache,
                 meta.slot_mapping, attn.num_heads, attn.num_kv_heads, attn.head_dim)
@@ -129,10 +138,7 @@ class DecoderLayer(nn.Module):
         else:
             x, residual = (ln1(x), x) if residual is None else ln1(x, residual)
             q = qkv_rope_write_kv(x, *args)
-        if attn_fn is triton_attention:  # its spare programs pull the head of gate_up into L2
-            a = attn_fn(q, kv_cache, meta, attn.scale, prefetch=mlp.l2_regions(l2_prefetch.PREFETCH_BYTES))
-        else:
-            a = attn_fn(q, kv_cache, meta, attn.scale)
+        a = call_attention(attn_fn, q, kv_cache, meta, attn.scale, pf)
         o = linear(a.reshape(x.shape[0], -1), attn.o_proj.weight)
         if FUSE_NORM:
             y, residual = gemv(o, mlp.gate_up_proj.weight, silu_mul=True, norm=(ln2.weight, ln2.eps), residual=residual)

@@ -29,7 +29,7 @@ import torch
 
 from verispec.models.layers.attention import AttentionMetadata, reference_attention
 from verispec.models.qwen2 import CausalLM
-from verispec.worker.token_state import Placeholders
+from verispec.worker.token_state import Placeholders, fill_placeholders
 
 log = logging.getLogger("verispec")
 # Stage a replay's inputs with one kernel on CUDA (VERISPEC_STAGE_KERNEL=0: the torch copies; A/B).
@@ -155,8 +155,7 @@ class CudaGraphRunner:
             stage_graph_inputs(src, dst, n, b, q, self.scratch_block, self.block_size, placeholders)
             return
         if placeholders is not None:
-            pos_t, src_t, flat = placeholders
-            input_ids[pos_t] = flat[src_t]
+            fill_placeholders(input_ids, placeholders)
         self._fill(n, b, q)
         t = n * q
         for x, buf in zip(src[:3], dst[:3], strict=True):

@@ -42,6 +42,7 @@ from verispec.worker.token_state import (
     Owner,
     Placeholders,
     check_fresh,
+    fill_placeholders,
     gather_plan,
 )
 
@@ -145,12 +146,6 @@ def _decode_only(scheduled: list[ScheduledRequest]) -> bool:
         if s.num_new_tokens != 1 or s.num_draft_tokens:
             return False
     return True
-
-
-def _fill_placeholders(ids: torch.Tensor, ph: Placeholders) -> None:
-    """ids[positions] = flat[sources]: the placeholders' device values (two torch index kernels)."""
-    pos_t, src_t, flat = ph
-    ids[pos_t] = flat[src_t]
 
 
 class _DeviceInputs(NamedTuple):
@@ -264,15 +259,14 @@ class ModelRunner:
         device and start one device->host copy of the results. Never waits for the device."""
         hb = self._assemble(sched)
         inp, ph = self._stage(hb, self._fault_sources(sched, sources))
-        fold = self.graphs is not None and graphs_mod.FOLD_PLACEHOLDERS
-        if ph is not None and not fold:
-            _fill_placeholders(inp.ids, ph)
-        out = None
-        if self.graphs:  # a replay fills the placeholders while staging its inputs (one kernel)
-            out = self.graphs.run(inp.ids, inp.positions, inp.meta, len(hb.query_lens), inp.meta.max_query_len,
-                                  ph if fold else None)
-        if out is None and ph is not None and fold:
-            _fill_placeholders(inp.ids, ph)
+        if ph is not None and not (self.graphs and graphs_mod.FOLD_PLACEHOLDERS):
+            fill_placeholders(inp.ids, ph)
+            ph = None
+        # A replay fills the placeholders while staging its inputs (one kernel); else the gather does.
+        out = self.graphs.run(inp.ids, inp.positions, inp.meta, len(hb.query_lens), inp.meta.max_query_len,
+                              ph) if self.graphs else None
+        if out is None and ph is not None:
+            fill_placeholders(inp.ids, ph)
         if out is not None:
             hidden, captured = out.hidden, out.captured
             self.graph_steps += 1

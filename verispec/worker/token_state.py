@@ -81,6 +81,12 @@ Owner = tuple[str, str, int]  # (request id, "out" | "draft", index) of a placeh
 Placeholders = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
+def fill_placeholders(ids: torch.Tensor, ph: Placeholders) -> None:
+    """ids[positions] = flat[sources]: the placeholders' device values (two torch index kernels)."""
+    pos_t, src_t, flat = ph
+    ids[pos_t] = flat[src_t]
+
+
 def gather_plan(
     placeholders: list[tuple[int, Owner | None]], sources: dict[str, DeviceTokens | None]
 ) -> tuple[list[int], list[int], torch.Tensor | None]:
@@ -135,5 +141,5 @@ def combine_inputs(
     n, p = len(host_ids), len(positions)
     packed = to_device(host_ids + positions + gather, torch.long, device)
     ids_dev = packed[:n]
-    ids_dev[packed[n : n + p]] = flat[packed[n + p :]]
+    fill_placeholders(ids_dev, (packed[n : n + p], packed[n + p :], flat))
     return ids_dev
