@@ -14,8 +14,8 @@ import json
 import time
 
 from verispec import LLM, SamplingParams
-from verispec.spec.dflash_data import render_prompts
-from verispec.spec.dflash_train import engine_walk
+from verispec.train.data import render_prompts
+from verispec.train.loop import engine_walk
 
 
 def main() -> None:

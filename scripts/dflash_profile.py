@@ -15,7 +15,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from verispec import LLM, SamplingParams
-from verispec.spec.dflash_data import render_prompts
+from verispec.train.data import render_prompts
 
 
 def main() -> None:

@@ -20,10 +20,10 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from verispec.attention.reference import reference_attention  # noqa: E402
 from verispec.config import ModelConfig  # noqa: E402
 from verispec.kernels import fused  # noqa: E402
 from verispec.kernels import paged_attention as pa  # noqa: E402
-from verispec.models.layers.attention import reference_attention  # noqa: E402
 from verispec.models.qwen2 import CausalLM, build_model  # noqa: E402
 from verispec.worker.graphs import CudaGraphRunner  # noqa: E402
 from verispec.worker.inputs import SeqChunk, allocate_kv_cache, build_batch  # noqa: E402

@@ -5,8 +5,8 @@ import random
 
 import torch
 
+from verispec.attention.reference import reference_attention
 from verispec.kernels import paged_attention as pa
-from verispec.models.layers.attention import reference_attention
 from verispec.worker.inputs import SeqChunk, allocate_kv_cache, build_batch
 
 torch.manual_seed(0)

@@ -8,7 +8,7 @@ import torch
 from parity import SPECS, STRESS, run_scenario, scenario_params, scenario_prompts
 from tiny import greedy_continuation, run_all, tiny_config, tiny_engine, tiny_model, trained_tiny_drafter
 
-from verispec.spec.dflash import save_drafter
+from verispec.spec_decode.dflash import save_drafter
 
 VOCAB = 512  # small, so the tiny model's outputs repeat and ngram finds drafts
 

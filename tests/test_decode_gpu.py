@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.gpu,
 def _decode_logits(model, prompt: list[int], steps: int, triton_on: bool) -> list[torch.Tensor]:
     """Prefill `prompt`, then `steps` one-token greedy decode steps (each a one-row forward); the
     logits of every step. Triton on: the engine's CUDA kernels; off: plain torch on the GPU."""
-    from verispec.kernels.fused import enable_triton
+    from verispec.models.kernel_path import enable_triton
     from verispec.worker.inputs import SeqChunk, allocate_kv_cache, build_batch
 
     cfg, dev = model.config, torch.device("cuda")
@@ -38,7 +38,7 @@ def test_real_model_one_row_decode_matches_torch_path():
     """Both paths decode their own greedy tokens from the real 0.5B; every step's logits agree
     within bf16 rounding, with the same argmax wherever the top two are clearly apart (until the
     paths pick different tokens, if ever)."""
-    from verispec.engine.setup import load_model
+    from verispec.loader.model_loader import load_model
 
     tok, _, model = load_model("qwen2.5-coder-0.5b-instruct", torch.device("cuda"), torch.bfloat16, progress=False)
     prompt = tok.encode("def fibonacci(n):\n    ")

@@ -15,9 +15,10 @@ from tiny import run_all, tiny_config, tiny_engine, tiny_model
 
 from verispec import SamplingParams
 from verispec.config import ModelConfig
-from verispec.spec import dflash_data, dflash_train
-from verispec.spec.dflash import load_drafter, save_drafter
-from verispec.spec.dflash_model import DFlashDrafter, block_attention_mask, new_config
+from verispec.train import data as dflash_data
+from verispec.train import loop as dflash_train
+from verispec.spec_decode.dflash import load_drafter, save_drafter
+from verispec.spec_decode.dflash_model import DFlashDrafter, block_attention_mask, new_config
 from verispec.worker.inputs import SeqChunk, allocate_kv_cache, build_batch
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
@@ -435,7 +436,7 @@ def pkg(tmp_path, monkeypatch):
 
 
 def test_package_prompts_are_deterministic(pkg, monkeypatch):
-    from verispec.spec import dflash_prompts as dp
+    from verispec.train import prompts as dp
 
     a = dp.mine_functions([pkg], 100, seed=1, max_chars=400, workers=1)
     names = sorted(s.name for s in a)
@@ -457,7 +458,7 @@ def test_package_prompts_are_deterministic(pkg, monkeypatch):
 
 
 def test_prompt_styles_cycle():
-    from verispec.spec import dflash_prompts as dp
+    from verispec.train import prompts as dp
 
     class Tok:
         def apply_chat_template(self, msgs, add_generation_prompt=True):
@@ -536,9 +537,9 @@ def test_cuda_graph_drafting_matches_eager(model, drafter_dir):
     from tiny import real_tokenizer
 
     from verispec.config import EngineConfig, SpeculativeConfig
+    from verispec.engine.builder import assemble_parts
     from verispec.engine.engine import LLMEngine
-    from verispec.engine.setup import assemble_parts
-    from verispec.kernels.fused import enable_triton
+    from verispec.models.kernel_path import enable_triton
 
     gpu_model = copy.deepcopy(model).to("cuda")
     enable_triton(gpu_model)

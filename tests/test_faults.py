@@ -88,9 +88,9 @@ def test_miscount_rejected_caught(model, monkeypatch):
 
 def test_debug_stale_read_raises(model, monkeypatch):
     """VERISPEC_DEBUG_STALE=1: a host proposer reading placeholders fails loudly."""
-    from verispec.engine.request import Request
-    from verispec.spec.ngram import NgramProposer
-    from verispec.worker.token_state import PLACEHOLDER, StaleMirrorError
+    from verispec.core.placeholder import PLACEHOLDER, StaleMirrorError
+    from verispec.core.request import Request
+    from verispec.spec_decode.ngram import NgramProposer
 
     req = Request("x", [1, 2, 3, 1, 2], SamplingParams(max_tokens=9))
     req.output_token_ids = [3, PLACEHOLDER]

@@ -146,7 +146,7 @@ def _two_runners(max_batch: int) -> list[CudaGraphRunner]:
 
 
 def _meta_of(src):
-    from verispec.models.layers.attention import AttentionMetadata
+    from verispec.core.attention_metadata import AttentionMetadata
 
     return AttentionMetadata(slot_mapping=src[2], query_start_loc=src[3], seq_lens=src[4], block_tables=src[5],
                              max_query_len=1, max_seq_len=24, block_size=4)

@@ -10,11 +10,11 @@ import pytest
 from tiny import real_tokenizer, text_model, tiny_config, tiny_engine, tiny_model
 
 from verispec import SamplingParams
+from verispec.core.placeholder import PLACEHOLDER
 from verispec.engine import detokenizer
 from verispec.engine.detokenizer import IncrementalDetokenizer
 from verispec.entrypoints.llm import LLM
 from verispec.sampling_params import RequestOutputKind
-from verispec.worker.token_state import PLACEHOLDER
 
 FINAL = RequestOutputKind.FINAL_ONLY
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3}

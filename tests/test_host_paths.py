@@ -10,12 +10,12 @@ import torch
 from tiny import tiny_config, tiny_model
 
 from verispec import SamplingParams
-from verispec.engine.request import Request
-from verispec.engine.scheduler import ScheduledRequest, SchedulerOutput
-from verispec.spec.ngram import ngram_lookup
+from verispec.core.placeholder import PLACEHOLDER
+from verispec.core.request import Request
+from verispec.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from verispec.spec_decode.ngram import ngram_lookup
 from verispec.worker.inputs import Staging, extend_slots, padded_tables
 from verispec.worker.runner import ModelRunner, _decode_only
-from verispec.worker.token_state import PLACEHOLDER
 
 
 def ngram_reference(tokens: list[int], k: int, n_min: int, n_max: int) -> list[int]:

@@ -14,14 +14,10 @@ import random
 import pytest
 import torch
 
+from verispec.attention.reference import build_reference_indices, reference_attention, write_kv
+from verispec.core.attention_metadata import AttentionMetadata
 from verispec.kernels import fused
 from verispec.kernels import paged_attention as pa
-from verispec.models.layers.attention import (
-    AttentionMetadata,
-    build_reference_indices,
-    reference_attention,
-    write_kv,
-)
 from verispec.worker.inputs import SeqChunk, build_batch
 
 CPU = pytest.param("cpu", torch.float32, id="cpu-fp32")

@@ -104,7 +104,7 @@ def test_decode_step_logits_unchanged_by_prefetch(monkeypatch):
     import dataclasses
 
     from verispec.bench.common import random_model, shapes_for
-    from verispec.kernels.fused import enable_triton
+    from verispec.models.kernel_path import enable_triton
     from verispec.worker.inputs import SeqChunk, allocate_kv_cache, build_batch
 
     cfg = dataclasses.replace(shapes_for("qwen2.5-coder-1.5b-instruct"), num_layers=2)

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from verispec.attention.reference import write_kv
 from verispec.kernels.qkv_rope import qkv_rope_write_kv
-from verispec.models.layers.attention import write_kv
 from verispec.models.layers.rotary import RotaryEmbedding
 
 CPU = pytest.param("cpu", torch.float32, id="cpu-fp32")

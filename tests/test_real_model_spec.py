@@ -101,9 +101,9 @@ def test_real_dflash_lossless(real, prompts, baseline, tmp_path):
     greedy output identical to no speculation under preemption and chunked prefill."""
     import torch
 
-    from verispec.spec.dflash import save_drafter
-    from verispec.spec.dflash_data import pick_mask_token
-    from verispec.spec.dflash_model import DFlashDrafter, new_config
+    from verispec.spec_decode.dflash import save_drafter
+    from verispec.spec_decode.dflash_model import DFlashDrafter, new_config
+    from verispec.train.data import pick_mask_token
 
     model, tok = real
     cfg = new_config(model, "qwen2.5-coder-0.5b-instruct", pick_mask_token(tok, model.config.vocab_size))

@@ -9,8 +9,8 @@ import pytest
 from tiny import run_all, tiny_config, tiny_engine, tiny_model
 
 from verispec import SamplingParams
-from verispec.spec.ngram import ngram_lookup
-from verispec.spec.proposer import Proposal, Proposer
+from verispec.spec_decode.ngram import ngram_lookup
+from verispec.spec_decode.proposer import Proposal, Proposer
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
 
@@ -175,7 +175,7 @@ def test_draft_model_with_other_vocab_is_refused(model):
 def test_draft_catch_up_is_uniform(model, monkeypatch):
     """The draft model's catch-up forward always covers the last k + 1 tokens (so it can replay a
     CUDA graph), including after rejections, and the oracle still accepts everything."""
-    from verispec.spec.draft_model import DraftModelProposer
+    from verispec.spec_decode.draft_model import DraftModelProposer
 
     k, lengths = 3, []
     orig = DraftModelProposer._forward_chunks

@@ -7,8 +7,8 @@ import functools
 import torch
 
 from verispec.config import EngineConfig, ModelConfig, SpeculativeConfig
+from verispec.engine.builder import assemble_parts
 from verispec.engine.engine import LLMEngine
-from verispec.engine.setup import assemble_parts
 from verispec.models.qwen2 import CausalLM, build_model
 
 
@@ -51,7 +51,7 @@ def tiny_engine(
     is a full collection (~0.2 s here), which the many engines of the tests would pay again and again."""
     model = model or tiny_model()
     if draft_override is not None:
-        from verispec.spec import factory
+        from verispec.spec_decode import factory
 
         tok = real_tokenizer()
         factory.DRAFT_LOADER_OVERRIDE = lambda name, device, dtype: (tok, draft_override.config, draft_override)
@@ -108,8 +108,9 @@ def trained_tiny_drafter(model: CausalLM, seqs: list[tuple[list[int], list[int]]
                          steps: int = 15, lr: float = 1e-2, anchors: int = 8):
     """A 1-layer DFlash drafter briefly fitted to (prompt, response) pairs of `model` (responses
     its greedy continuations): some drafts right, most wrong. Returns (drafter in eval mode, samples)."""
-    from verispec.spec import dflash_data, dflash_train
-    from verispec.spec.dflash_model import DFlashDrafter, new_config
+    from verispec.train import data as dflash_data
+from verispec.train import loop as dflash_train
+    from verispec.spec_decode.dflash_model import DFlashDrafter, new_config
 
     cfg = new_config(model, "tiny", mask_id, block_size=block_size, num_layers=1)
     samples = dflash_data.extract_features(model, seqs, tuple(cfg.target_layers), torch.float32, 4096)

@@ -17,10 +17,11 @@ import torch
 from verispec.bench.hardware import StepRecord
 from verispec.bench.prompts import Prompt
 from verispec.config import EngineConfig, ModelConfig, SpeculativeConfig
+from verispec.core.sampling_params import RequestOutputKind, SamplingParams, with_output_kind
+from verispec.engine.builder import assemble_parts
 from verispec.engine.engine import LLMEngine
-from verispec.engine.setup import DTYPES, assemble_parts, load_model, resolve_device_dtype
+from verispec.loader.model_loader import DTYPES, load_model, resolve_device_dtype
 from verispec.models.qwen2 import CausalLM, build_model
-from verispec.sampling_params import RequestOutputKind, SamplingParams, with_output_kind
 
 BLOCK_SIZE = 16
 # Shapes of the registry models' GGUF files (both keep a separate output.weight), for --random-weights
@@ -200,7 +201,7 @@ def make_engine(bm: BenchModel, spec: dict | None, max_num_seqs: int, prompt_ids
         seed=bm.setup.seed, speculative_config=SpeculativeConfig.from_dict(spec),
         spec_audit_rate=bm.setup.spec_audit_rate, extra={"graph_capture": "all"},  # no capture in timed runs
     )
-    from verispec.spec import factory
+    from verispec.spec_decode import factory
 
     if draft is not None:
         factory.DRAFT_LOADER_OVERRIDE = lambda name, device, dtype: draft

@@ -56,7 +56,7 @@ def run_profile(model: CausalLM, batch: int, query_len: int, context: int, iters
     """Kernel-time breakdown per step (eager, profiled) and the graph replay's time for the same step."""
     from torch.profiler import ProfilerActivity, profile
 
-    from verispec.kernels.fused import enable_triton
+    from verispec.models.kernel_path import enable_triton
     from verispec.worker.graphs import CudaGraphRunner
 
     device = model.model.norm.weight.device

@@ -23,7 +23,7 @@ from verispec.bench.common import BenchModel, drive, free_memory, greedy, load_d
 from verispec.bench.hardware import hardware_use, useful_flops
 from verispec.bench.prompts import Prompt, dataset_prompts, random_prompts
 from verispec.bench.report import Column
-from verispec.spec.dflash_model import DFlashConfig
+from verispec.spec_decode.dflash_model import DFlashConfig
 
 COLUMNS: list[Column] = [
     ("method", "method", "s"), ("batch_size", "batch", "d"), ("tok_s", "tok/s", ".1f"),
@@ -60,9 +60,9 @@ def spec_config(method: str, k: int, draft_model: str | None, dflash_model: str 
 
 def random_drafter(bm: BenchModel, out_dir: str) -> str:
     """An untrained DFlash drafter (block 16, 2 layers) for the bench's target, saved to out_dir."""
-    from verispec.spec.dflash import save_drafter
-    from verispec.spec.dflash_data import pick_mask_token
-    from verispec.spec.dflash_model import DFlashDrafter, new_config
+    from verispec.spec_decode.dflash import save_drafter
+    from verispec.spec_decode.dflash_model import DFlashDrafter, new_config
+    from verispec.train.data import pick_mask_token
 
     vocab = bm.config.vocab_size
     mask = pick_mask_token(bm.tokenizer, vocab) if bm.has_tokenizer else vocab - 1
@@ -109,7 +109,7 @@ def run_spec(bm: BenchModel, methods: list[str], batch_sizes: list[int], output_
         ps = dataset_prompts(prompts_file, num_prompts, output_len)
         source = prompts_file or "humaneval"
         if chat:
-            from verispec.spec.dflash_data import render_prompts
+            from verispec.train.data import render_prompts
 
             if not all(p.text for p in ps):
                 raise ValueError("--chat needs text prompts")

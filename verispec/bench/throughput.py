@@ -29,7 +29,7 @@ from verispec.bench.hardware import hardware_totals, useful_flops
 from verispec.bench.peers import PUBLISHED
 from verispec.bench.prompts import Prompt, dataset_prompts, nano_vllm_recipe, random_prompts
 from verispec.bench.report import Column
-from verispec.sampling_params import SamplingParams
+from verispec.core.sampling_params import SamplingParams
 
 COLUMNS: list[Column] = [
     ("workload", "workload", "s"), ("num_seqs", "seqs", "d"), ("prompt_tokens", "prompt tok", "d"),

@@ -12,17 +12,17 @@ import time
 from dataclasses import dataclass
 
 from verispec.config import EngineConfig
-from verispec.engine import faults
+from verispec.core import faults
+from verispec.core.counters import SpecCounters
+from verispec.core.placeholder import PLACEHOLDER, check_fresh
+from verispec.core.request import Request, Status
+from verispec.core.sampling_params import RequestOutputKind, SamplingParams, any_params
+from verispec.engine.builder import EngineParts, build_engine_parts, freeze_gc, gc_freeze_enabled
 from verispec.engine.detokenizer import IncrementalDetokenizer
-from verispec.engine.request import Request, Status
 from verispec.engine.scheduler import Scheduler
-from verispec.engine.setup import EngineParts, build_engine_parts, freeze_gc, gc_freeze_enabled
 from verispec.outputs import CompletionOutput, RequestOutput
-from verispec.sampling_params import RequestOutputKind, SamplingParams, any_params
-from verispec.spec.metrics import SpecCounters
-from verispec.spec.proposer import Proposal
+from verispec.spec_decode.proposer import Proposal
 from verispec.worker.runner import StepResult
-from verispec.worker.token_state import PLACEHOLDER, check_fresh
 
 
 @dataclass

@@ -3,21 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
-
-def _spec_json(text: str | None) -> dict | None:
-    if text is None:
-        return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise SystemExit(f"verispec: --speculative-config is not valid JSON: {e}") from None
-    if not isinstance(value, dict):
-        raise SystemExit("verispec: --speculative-config must be a JSON object")
-    return value
+from verispec.entrypoints.args import spec_json
 
 
 def cmd_pull(args) -> int:
@@ -42,13 +31,14 @@ def cmd_models(args) -> int:
 
 
 def cmd_generate(args) -> int:
-    from verispec import LLM, SamplingParams
-    from verispec.engine.stream import stream_one
+    from verispec.entrypoints.llm import LLM
+    from verispec.entrypoints.stream import stream_one
+    from verispec.sampling_params import SamplingParams
 
     prompt = args.prompt if args.prompt is not None else (sys.stdin.read() if not sys.stdin.isatty() else "def fibonacci(n):")
     llm = LLM(
         model=args.model, device=args.device, dtype=args.dtype,
-        speculative_config=_spec_json(args.speculative_config), seed=args.seed,
+        speculative_config=spec_json(args.speculative_config), seed=args.seed,
         max_model_len=args.max_model_len,
     )
     params = SamplingParams(
@@ -136,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     from verispec.bench.main import add_bench_parser
 
     add_bench_parser(sub)
-    from verispec.spec.dflash_train import add_train_parser
+    from verispec.train.loop import add_train_parser
 
     add_train_parser(sub)
     return p

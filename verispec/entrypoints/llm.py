@@ -34,7 +34,7 @@ class LLM:
         spec_audit_rate: float = 0.0,
         **extra,
     ) -> None:
-        from verispec.engine.setup import resolve_device_dtype
+        from verispec.loader.model_loader import resolve_device_dtype
 
         dev, _ = resolve_device_dtype(device, dtype)
         if not isinstance(max_num_seqs, int) or max_num_seqs < 1:

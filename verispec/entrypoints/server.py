@@ -238,11 +238,11 @@ def main(args) -> int:
     """`verispec serve`: load the model, then serve until SIGINT/SIGTERM."""
     import uvicorn
 
-    from verispec.entrypoints.cli import _spec_json
+    from verispec.entrypoints.args import spec_json
     from verispec.entrypoints.llm import LLM
 
     llm = LLM(
-        model=args.model, device=args.device, dtype=args.dtype, speculative_config=_spec_json(args.speculative_config),
+        model=args.model, device=args.device, dtype=args.dtype, speculative_config=spec_json(args.speculative_config),
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
     )
     name = args.served_model_name or args.model

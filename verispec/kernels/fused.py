@@ -6,8 +6,7 @@
   * rotary_write_kv_(...): rotary on q in place, and k rotated + v written into the paged KV cache.
   * silu_and_mul(gate, up): SiLU(gate) * up in one pass (float32 math, one rounding).
 
-enable_triton(model) switches a CausalLM to these kernels plus triton_attention / triton_write_kv.
-The modules only take the kernel path for CUDA tensors, so CPU behaviour never changes.
+verispec/models/kernel_path.py switches a model onto these kernels (CUDA tensors only).
 """
 
 from __future__ import annotations
@@ -200,17 +199,3 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 def silu_and_mul_ref(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """Torch reference (as in MLP.forward)."""
     return F.silu(gate) * up
-
-
-def enable_triton(model: torch.nn.Module, on: bool = True, attention: bool = True) -> None:
-    """Switch a CausalLM's norms, rotary, MLPs, KV write (and attention) to the Triton kernels.
-
-    The switched modules still use torch for CPU tensors. on=False restores the torch path."""
-    from verispec.kernels.paged_attention import triton_attention
-    from verispec.models.layers.attention import reference_attention
-
-    for m in model.modules():
-        if hasattr(m, "use_triton"):
-            m.use_triton = on
-    if attention:
-        model.attn_fn = triton_attention if on else reference_attention

@@ -35,9 +35,9 @@ if not torch.cuda.is_available():
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from verispec.core.attention_metadata import AttentionMetadata  # noqa: E402
 from verispec.kernels.l2_prefetch import Regions, prefetch_regions, prefetch_supported  # noqa: E402
 from verispec.kernels.pdl import launch_kwargs, wait_prior  # noqa: E402
-from verispec.models.layers.attention import AttentionMetadata  # noqa: E402
 
 MAX_SPLITS = 32
 PROGRAMS_PER_SM = 2  # 4 before: replay at batch 16 / 64 / 256 was 1,826 / 2,125 / 3,635 us, now 1,708 / 2,069 / 3,543

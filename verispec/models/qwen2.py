@@ -13,13 +13,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from verispec.attention.reference import reference_attention, write_kv
 from verispec.config import ModelConfig
+from verispec.core.attention_metadata import AttentionMetadata
 from verispec.kernels import l2_prefetch
 from verispec.kernels.l2_prefetch import Regions, stacked_head
 from verispec.kernels.linear import GEMV_MAX_ROWS, gate_up_silu, gemv, linear
 from verispec.kernels.paged_attention import triton_attention
 from verispec.kernels.qkv_rope import qkv_rope_write_kv
-from verispec.models.layers.attention import AttentionMetadata, reference_attention, write_kv
 from verispec.models.layers.norm import RMSNorm
 from verispec.models.layers.rotary import RotaryEmbedding
 

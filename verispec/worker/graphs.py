@@ -27,7 +27,8 @@ from typing import NamedTuple
 
 import torch
 
-from verispec.models.layers.attention import AttentionMetadata, reference_attention
+from verispec.attention.reference import reference_attention
+from verispec.core.attention_metadata import AttentionMetadata
 from verispec.models.qwen2 import CausalLM
 from verispec.worker.token_state import Placeholders, fill_placeholders
 

@@ -9,7 +9,8 @@ from typing import NamedTuple
 
 import torch
 
-from verispec.models.layers.attention import AttentionMetadata, build_reference_indices
+from verispec.attention.reference import build_reference_indices
+from verispec.core.attention_metadata import AttentionMetadata
 
 
 @dataclass

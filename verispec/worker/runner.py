@@ -12,19 +12,19 @@ from __future__ import annotations
 
 import itertools
 import random
-import zlib
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
 
-from verispec.engine import faults
-from verispec.engine.scheduler import ScheduledRequest, SchedulerOutput
+from verispec.attention.reference import build_reference_indices, reference_attention
+from verispec.core import faults
+from verispec.core.attention_metadata import AttentionMetadata
+from verispec.core.placeholder import PLACEHOLDER, check_fresh
+from verispec.core.sampling_params import any_params
+from verispec.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from verispec.kernels.argmax import argmax_rows
-from verispec.models.layers.attention import AttentionMetadata, build_reference_indices, reference_attention
 from verispec.models.qwen2 import CausalLM
-from verispec.sampling_params import any_params
-from verispec.spec.verify import rejection_sample, verify_greedy, verify_random
 from verispec.worker import graphs as graphs_mod
 from verispec.worker.inputs import Staging, allocate_kv_cache, extend_slots, padded_tables, to_device
 from verispec.worker.sampler import (
@@ -33,18 +33,12 @@ from verispec.worker.sampler import (
     argmax,
     probs_from_logits,
     row_params,
+    sample_key,
     top_logprobs,
     triton_argmax_ok,
 )
-from verispec.worker.token_state import (
-    PLACEHOLDER,
-    DeviceTokens,
-    Owner,
-    Placeholders,
-    check_fresh,
-    fill_placeholders,
-    gather_plan,
-)
+from verispec.worker.token_state import DeviceTokens, Owner, Placeholders, fill_placeholders, gather_plan
+from verispec.worker.verify import rejection_sample, verify_greedy, verify_random
 
 
 @dataclass
@@ -183,12 +177,6 @@ class _HostMirrors:
         self.free.append(slot)
 
 
-def sample_key(req, engine_seed: int, index: int, salt: int = 0) -> int:
-    """Seed for the sampling event at a request's output index (salt separates drafters)."""
-    base = req.params.seed if req.params.seed is not None else engine_seed * 1_000_003 + zlib.crc32(req.request_id.encode())
-    return (base * 6_364_136_223 + index * 1_442_695_041 + salt * 97_531) & (2**62 - 1)
-
-
 class ModelRunner:
     """Runs the target model over the paged KV cache and samples / verifies."""
 
@@ -222,7 +210,7 @@ class ModelRunner:
         self._ones_by_n: dict[int, torch.Tensor] = {}
         self._arange_buf = torch.arange(32, device=device)
         if device.type == "cuda":
-            from verispec.kernels.fused import enable_triton
+            from verispec.models.kernel_path import enable_triton
 
             enable_triton(model)  # Triton attention, norms, rotary, SiLU-mul; the CPU path stays torch
             if graph_options is not None:

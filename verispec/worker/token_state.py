@@ -25,29 +25,13 @@ With VERISPEC_DEBUG_STALE=1, reading a stale mirror through read_mirror() raises
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import torch
 
+from verispec.core import faults
+from verispec.core.placeholder import PLACEHOLDER
 from verispec.worker.inputs import to_device
-
-PLACEHOLDER = -1
-
-
-class StaleMirrorError(RuntimeError):
-    """A host mirror of device token state was read before its values arrived."""
-
-
-def debug_stale() -> bool:
-    return os.environ.get("VERISPEC_DEBUG_STALE") == "1"
-
-
-def check_fresh(ids: list[int], what: str) -> list[int]:
-    """Return ids; with VERISPEC_DEBUG_STALE=1 raise if any entry is still a placeholder."""
-    if debug_stale() and PLACEHOLDER in ids:
-        raise StaleMirrorError(f"read of a stale host mirror: {what} holds placeholders {ids[-8:]}")
-    return ids
 
 
 @dataclass
@@ -129,8 +113,6 @@ def combine_inputs(
     PLACEHOLDER. owners[i] = (request id, "out" | "draft", index) for placeholder positions.
     One host->device copy of the ids and one gather from the device buffers; no device->host sync.
     (The target runner does the same through its staging buffers: ModelRunner.launch.)"""
-    from verispec.engine import faults
-
     placeholders = [(i, owners[i]) for i, tok in enumerate(host_ids) if tok == PLACEHOLDER]
     positions, gather, flat = gather_plan(placeholders, sources)
     if faults.active("placeholder_leak"):  # the bug: a placeholder id reaches the model as a real token

@@ -6,7 +6,7 @@ import torch
 
 from verispec.config import EngineConfig
 from verispec.models.qwen2 import CausalLM
-from verispec.spec.proposer import Proposer
+from verispec.spec_decode.proposer import Proposer
 
 # Tests set this to build a draft model without loading one from disk.
 DRAFT_LOADER_OVERRIDE = None
@@ -19,9 +19,9 @@ def build_proposer(
     sc = config.speculative_config
     if sc is None:
         return None, 0
-    from verispec.engine.setup import kv_bytes_per_block, load_model
-    from verispec.spec.draft_model import DraftModelProposer
-    from verispec.spec.ngram import NgramProposer
+    from verispec.loader.model_loader import kv_bytes_per_block, load_model
+    from verispec.spec_decode.draft_model import DraftModelProposer
+    from verispec.spec_decode.ngram import NgramProposer
 
     k = sc.num_speculative_tokens
     graphs = 0 if config.extra.get("enforce_eager", False) else min(config.max_num_seqs, 64)
@@ -35,13 +35,13 @@ def build_proposer(
         draft_tok, draft_cfg, draft = loader(sc.model, device, dtype)
         check_same_vocab(tokenizer, draft_tok, target.config.vocab_size, draft_cfg.vocab_size, sc.model)
         if torch.device(device).type == "cuda":
-            from verispec.kernels.fused import enable_triton
+            from verispec.models.kernel_path import enable_triton
 
             enable_triton(draft)
         proposer = DraftModelProposer(draft, k, device, dtype, config.seed, graph_max_batch=graphs)
         return proposer, kv_bytes_per_block(draft_cfg, config.block_size, dtype)
     if sc.method == "dflash":
-        from verispec.spec.dflash import build_dflash_proposer
+        from verispec.spec_decode.dflash import build_dflash_proposer
 
         return build_dflash_proposer(sc, target, device, dtype, config)
     raise ValueError(f"unknown speculative method {sc.method!r}")

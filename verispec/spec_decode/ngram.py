@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from array import array
 
-from verispec.engine.request import Request
-from verispec.spec.proposer import Proposal, Proposer
-from verispec.worker.token_state import check_fresh
+from verispec.core.placeholder import check_fresh
+from verispec.core.request import Request
+from verispec.spec_decode.proposer import Proposal, Proposer
 
 
 def ngram_lookup(tokens: list[int], k: int, n_min: int, n_max: int) -> list[int]:

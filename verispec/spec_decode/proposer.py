@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from verispec.engine.request import Request
-from verispec.engine.scheduler import SchedulerOutput
+from verispec.core.request import Request
+from verispec.core.scheduler_output import SchedulerOutput
 from verispec.worker.token_state import DeviceTokens
 
 

@@ -27,16 +27,16 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from verispec.engine.request import Request
-from verispec.engine.scheduler import SchedulerOutput
+from verispec.core.placeholder import PLACEHOLDER
+from verispec.core.request import Request
+from verispec.core.scheduler_output import SchedulerOutput
 from verispec.models.qwen2 import CausalLM
-from verispec.spec.dflash_model import DFlashConfig, DFlashDrafter, check_fingerprint
-from verispec.spec.dflash_step import DFlashStepRunner, DraftRow
-from verispec.spec.proposer import Proposal, Proposer
+from verispec.spec_decode.dflash_model import DFlashConfig, DFlashDrafter, check_fingerprint
+from verispec.spec_decode.dflash_step import DFlashStepRunner, DraftRow
+from verispec.spec_decode.proposer import Proposal, Proposer
 from verispec.worker.inputs import to_device
-from verispec.worker.runner import sample_key
-from verispec.worker.sampler import probs_from_logits, row_params
-from verispec.worker.token_state import PLACEHOLDER, DeviceTokens
+from verispec.worker.sampler import probs_from_logits, row_params, sample_key
+from verispec.worker.token_state import DeviceTokens
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
 

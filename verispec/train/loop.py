@@ -29,9 +29,11 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from verispec.core.counters import SpecCounters
 from verispec.models.qwen2 import CausalLM
-from verispec.spec.dflash import save_drafter
-from verispec.spec.dflash_data import (
+from verispec.spec_decode.dflash import save_drafter
+from verispec.spec_decode.dflash_model import DFlashConfig, DFlashDrafter, block_attention_mask, new_config
+from verispec.train.data import (
     Sample,
     Seq,
     extract_features,
@@ -41,9 +43,7 @@ from verispec.spec.dflash_data import (
     pick_mask_token,
     save_sequences,
 )
-from verispec.spec.dflash_model import DFlashConfig, DFlashDrafter, block_attention_mask, new_config
-from verispec.spec.dflash_prompts import STYLES, mine_functions, render_styled, source_roots
-from verispec.spec.metrics import SpecCounters
+from verispec.train.prompts import STYLES, mine_functions, render_styled, source_roots
 
 # Tests set this to a callable (TrainOptions) -> LLMEngine to train against a tiny model.
 ENGINE_FACTORY = None
@@ -478,7 +478,7 @@ def cmd_train_drafter(args) -> int:
 
 
 def _load_engine(opts: TrainOptions):
-    from verispec import LLM
+    from verispec.entrypoints.llm import LLM
 
     max_len = opts.max_prompt_tokens + opts.max_new_tokens + 32
     serve = opts.sequences is None  # with --sequences the engine never generates: no cache, no graphs

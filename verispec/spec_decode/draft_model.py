@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import torch
 
-from verispec.engine.request import Request
-from verispec.engine.scheduler import SchedulerOutput
-from verispec.models.layers.attention import reference_attention
+from verispec.attention.reference import reference_attention
+from verispec.core.placeholder import PLACEHOLDER
+from verispec.core.request import Request
+from verispec.core.scheduler_output import SchedulerOutput
 from verispec.models.qwen2 import CausalLM
-from verispec.spec.proposer import Proposal, Proposer
+from verispec.spec_decode.proposer import Proposal, Proposer
 from verispec.worker.inputs import SeqChunk, Staging, allocate_kv_cache, build_batch, to_device
-from verispec.worker.runner import sample_key
-from verispec.worker.sampler import argmax, probs_from_logits, row_params
-from verispec.worker.token_state import PLACEHOLDER, DeviceTokens, combine_inputs
+from verispec.worker.sampler import argmax, probs_from_logits, row_params, sample_key
+from verispec.worker.token_state import DeviceTokens, combine_inputs
 
 
 class DraftModelProposer(Proposer):

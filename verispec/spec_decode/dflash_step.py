@@ -28,12 +28,14 @@ from dataclasses import dataclass
 
 import torch
 
-from verispec.models.layers.attention import AttentionMetadata, build_reference_indices, reference_attention
+from verispec.attention.reference import build_reference_indices, reference_attention
+from verispec.core.attention_metadata import AttentionMetadata
+from verispec.core.placeholder import PLACEHOLDER
 from verispec.models.qwen2 import CausalLM
-from verispec.spec.dflash_model import DFlashDrafter
+from verispec.spec_decode.dflash_model import DFlashDrafter
 from verispec.worker.graphs import capture_graph, graph_batch_sizes
 from verispec.worker.inputs import Staging
-from verispec.worker.token_state import PLACEHOLDER, Owner, gather_plan
+from verispec.worker.token_state import Owner, gather_plan
 
 
 @dataclass

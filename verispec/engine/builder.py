@@ -6,22 +6,18 @@ import gc
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from verispec.config import EngineConfig, ModelConfig
 from verispec.engine.kv_blocks import BlockManager
-from verispec.loader.registry import resolve_model
+from verispec.loader.model_loader import kv_bytes_per_block, load_model, resolve_device_dtype
 from verispec.loader.tokenizer import Tokenizer
-from verispec.models.qwen2 import CausalLM, build_model
-from verispec.spec.proposer import Proposer
+from verispec.models.qwen2 import CausalLM
+from verispec.spec_decode.proposer import Proposer
 from verispec.worker.runner import ModelRunner
 
 log = logging.getLogger("verispec")
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 @dataclass
 class EngineParts:
@@ -33,37 +29,6 @@ class EngineParts:
     runner: ModelRunner
     proposer: Proposer | None
     load_seconds: float
-
-
-def resolve_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
-    """'auto' device: cuda if available; 'auto' dtype: float32 on cpu, bfloat16 on cuda."""
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-        raise ValueError(f"device must be 'cpu', 'cuda' or 'auto', got {device!r}")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was asked for, but torch sees no CUDA GPU")
-    if dtype == "auto":
-        dtype = "float32" if device == "cpu" else "bfloat16"
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)} or 'auto', got {dtype!r}")
-    return torch.device(device), DTYPES[dtype]
-
-
-def load_model(name_or_path: str, device: torch.device, dtype: torch.dtype, progress: bool = True):
-    """(tokenizer, config, model) for a registry name, a .gguf file or a HF folder."""
-    from verispec.loader.weights import load_weights
-
-    path = resolve_model(name_or_path, progress=progress)
-    cfg, weights = load_weights(path, device=device, dtype=dtype, progress=progress)
-    cfg.name = name_or_path
-    tok = Tokenizer.from_gguf(path) if Path(path).is_file() else Tokenizer.from_hf_folder(path)
-    model = build_model(cfg, weights, device, dtype)
-    return tok, cfg, model
-
-
-def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * torch.tensor([], dtype=dtype).element_size()
 
 
 def size_kv_blocks(config: EngineConfig, per_block: int, device: torch.device, max_model_len: int) -> int:
@@ -130,7 +95,7 @@ def assemble_parts(config: EngineConfig, tok, model: CausalLM, device, dtype, t0
             f"max_model_len {config.max_model_len} exceeds the model's context {cfg.max_position_embeddings}"
         )
     max_model_len = config.max_model_len or cfg.max_position_embeddings
-    from verispec.spec.factory import build_proposer  # local: spec pulls in draft models
+    from verispec.spec_decode.factory import build_proposer  # local: spec pulls in draft models
 
     proposer, draft_per_block = build_proposer(config, model, tok, device, dtype, max_model_len)
     per_block = kv_bytes_per_block(cfg, config.block_size, dtype) + draft_per_block

@@ -21,11 +21,11 @@ from typing import NamedTuple
 import torch
 from tqdm import tqdm
 
+from verispec.core.placeholder import PLACEHOLDER
+from verispec.core.sampling_params import SamplingParams
 from verispec.models.qwen2 import CausalLM
-from verispec.sampling_params import SamplingParams
-from verispec.spec.dflash_prompts import CHAT_INSTRUCTIONS, humaneval_names, mine_functions
+from verispec.train.prompts import CHAT_INSTRUCTIONS, humaneval_names, mine_functions
 from verispec.worker.inputs import SeqChunk, allocate_kv_cache, build_batch
-from verispec.worker.token_state import PLACEHOLDER
 
 INSTRUCTIONS = CHAT_INSTRUCTIONS
 

@@ -6,8 +6,8 @@ import enum
 import itertools
 from dataclasses import dataclass, field
 
-from verispec.sampling_params import SamplingParams
-from verispec.spec.metrics import SpecCounters
+from verispec.core.counters import SpecCounters
+from verispec.core.sampling_params import SamplingParams
 
 
 class Status(enum.Enum):

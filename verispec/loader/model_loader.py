@@ -1,0 +1,45 @@
+"""Load a model by name or path: resolve the file, read its weights and tokenizer, build the module."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from verispec.config import ModelConfig
+from verispec.loader.registry import resolve_model
+from verispec.loader.tokenizer import Tokenizer
+from verispec.models.qwen2 import build_model
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
+    """'auto' device: cuda if available; 'auto' dtype: float32 on cpu, bfloat16 on cuda."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'auto', got {device!r}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for, but torch sees no CUDA GPU")
+    if dtype == "auto":
+        dtype = "float32" if device == "cpu" else "bfloat16"
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)} or 'auto', got {dtype!r}")
+    return torch.device(device), DTYPES[dtype]
+
+
+def load_model(name_or_path: str, device: torch.device, dtype: torch.dtype, progress: bool = True):
+    """(tokenizer, config, model) for a registry name, a .gguf file or a HF folder."""
+    from verispec.loader.weights import load_weights  # local: keeps gguf off the import path until a load
+
+    path = resolve_model(name_or_path, progress=progress)
+    cfg, weights = load_weights(path, device=device, dtype=dtype, progress=progress)
+    cfg.name = name_or_path
+    tok = Tokenizer.from_gguf(path) if Path(path).is_file() else Tokenizer.from_hf_folder(path)
+    model = build_model(cfg, weights, device, dtype)
+    return tok, cfg, model
+
+
+def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * torch.tensor([], dtype=dtype).element_size()
