@@ -109,7 +109,7 @@ def trained_tiny_drafter(model: CausalLM, seqs: list[tuple[list[int], list[int]]
     """A 1-layer DFlash drafter briefly fitted to (prompt, response) pairs of `model` (responses
     its greedy continuations): some drafts right, most wrong. Returns (drafter in eval mode, samples)."""
     from verispec.train import data as dflash_data
-from verispec.train import loop as dflash_train
+    from verispec.train import loop as dflash_train
     from verispec.spec_decode.dflash_model import DFlashDrafter, new_config
 
     cfg = new_config(model, "tiny", mask_id, block_size=block_size, num_layers=1)
