@@ -15,10 +15,10 @@ from tiny import run_all, tiny_config, tiny_engine, tiny_model
 
 from verispec import SamplingParams
 from verispec.config import ModelConfig
-from verispec.train import data as dflash_data
-from verispec.train import loop as dflash_train
 from verispec.spec_decode.dflash import load_drafter, save_drafter
 from verispec.spec_decode.dflash_model import DFlashDrafter, block_attention_mask, new_config
+from verispec.train import data as dflash_data
+from verispec.train import loop as dflash_train
 from verispec.worker.inputs import SeqChunk, allocate_kv_cache, build_batch
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)

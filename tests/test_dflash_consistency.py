@@ -12,10 +12,10 @@ import torch
 from tiny import greedy_continuation, run_all, tiny_config, tiny_engine, tiny_model, trained_tiny_drafter
 
 from verispec import SamplingParams
-from verispec.train import data as dflash_data
-from verispec.train import loop as dflash_train
 from verispec.spec_decode.dflash import save_drafter
 from verispec.spec_decode.dflash_model import DFlashDrafter, new_config
+from verispec.train import data as dflash_data
+from verispec.train import loop as dflash_train
 
 VOCAB = tiny_config().vocab_size
 MASK_ID = VOCAB - 1

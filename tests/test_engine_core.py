@@ -161,7 +161,7 @@ def test_gc_frozen_once_after_start_up(model, monkeypatch):
     import gc
 
     from verispec.config import EngineConfig
-    from verispec.engine import setup
+    from verispec.engine import builder as setup
 
     assert setup.gc_freeze_enabled(EngineConfig(model="m"))
     calls = []

@@ -94,11 +94,15 @@ def test_debug_stale_read_raises(model, monkeypatch):
 
     req = Request("x", [1, 2, 3, 1, 2], SamplingParams(max_tokens=9))
     req.output_token_ids = [3, PLACEHOLDER]
+    from verispec.core.faults import Faults
+
     prop = NgramProposer(2, 1, 2)
     monkeypatch.setenv("VERISPEC_DEBUG_STALE", "1")
+    prop.faults = Faults.from_env()  # what the engine builder does, once
     with pytest.raises(StaleMirrorError):
         prop.propose([req])
     monkeypatch.setenv("VERISPEC_DEBUG_STALE", "0")
+    prop.faults = Faults.from_env()
     prop.propose([req])  # without debug mode it does not check
 
 

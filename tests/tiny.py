@@ -108,9 +108,9 @@ def trained_tiny_drafter(model: CausalLM, seqs: list[tuple[list[int], list[int]]
                          steps: int = 15, lr: float = 1e-2, anchors: int = 8):
     """A 1-layer DFlash drafter briefly fitted to (prompt, response) pairs of `model` (responses
     its greedy continuations): some drafts right, most wrong. Returns (drafter in eval mode, samples)."""
+    from verispec.spec_decode.dflash_model import DFlashDrafter, new_config
     from verispec.train import data as dflash_data
     from verispec.train import loop as dflash_train
-    from verispec.spec_decode.dflash_model import DFlashDrafter, new_config
 
     cfg = new_config(model, "tiny", mask_id, block_size=block_size, num_layers=1)
     samples = dflash_data.extract_features(model, seqs, tuple(cfg.target_layers), torch.float32, 4096)

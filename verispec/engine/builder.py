@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from verispec.config import EngineConfig, ModelConfig
+from verispec.core.faults import NO_FAULTS, Faults
 from verispec.engine.kv_blocks import BlockManager
 from verispec.loader.model_loader import kv_bytes_per_block, load_model, resolve_device_dtype
 from verispec.loader.tokenizer import Tokenizer
@@ -29,6 +30,7 @@ class EngineParts:
     runner: ModelRunner
     proposer: Proposer | None
     load_seconds: float
+    faults: Faults = NO_FAULTS
 
 
 def size_kv_blocks(config: EngineConfig, per_block: int, device: torch.device, max_model_len: int) -> int:
@@ -78,16 +80,19 @@ def freeze_gc() -> float:
     return secs
 
 
-def build_engine_parts(config: EngineConfig) -> EngineParts:
+def build_engine_parts(config: EngineConfig, faults: Faults = NO_FAULTS) -> EngineParts:
     """Load the model named in config and assemble everything around it."""
     t0 = time.monotonic()
     device, dtype = resolve_device_dtype(config.device, config.dtype)
     tok, cfg, model = load_model(config.model, device, dtype)
-    return assemble_parts(config, tok, model, device, dtype, t0)
+    return assemble_parts(config, tok, model, device, dtype, t0, faults)
 
 
-def assemble_parts(config: EngineConfig, tok, model: CausalLM, device, dtype, t0: float | None = None) -> EngineParts:
-    """KV blocks, runner and proposer around an already built model (tests pass tiny models)."""
+def assemble_parts(config: EngineConfig, tok, model: CausalLM, device, dtype, t0: float | None = None,
+                   faults: Faults | None = None) -> EngineParts:
+    """KV blocks, runner and proposer around an already built model (tests pass tiny models).
+    faults None: read from the environment now (Faults.from_env)."""
+    faults = Faults.from_env() if faults is None else faults
     t0 = time.monotonic() if t0 is None else t0
     cfg = model.config
     if config.max_model_len is not None and config.max_model_len > cfg.max_position_embeddings:
@@ -98,6 +103,8 @@ def assemble_parts(config: EngineConfig, tok, model: CausalLM, device, dtype, t0
     from verispec.spec_decode.factory import build_proposer  # local: spec pulls in draft models
 
     proposer, draft_per_block = build_proposer(config, model, tok, device, dtype, max_model_len)
+    if proposer is not None:
+        proposer.faults = faults
     per_block = kv_bytes_per_block(cfg, config.block_size, dtype) + draft_per_block
     num_blocks = size_kv_blocks(config, per_block, device, max_model_len)
     use_graphs = device.type == "cuda" and not config.extra.get("enforce_eager", False)
@@ -116,9 +123,9 @@ def assemble_parts(config: EngineConfig, tok, model: CausalLM, device, dtype, t0
             max_blocks_per_seq=-(-max_model_len // config.block_size), lazy=lazy_graphs(config),
         )
     runner = ModelRunner(model, num_blocks, config.block_size, device, dtype, config.seed, capture,
-                         config.spec_audit_rate, graph_options)
+                         config.spec_audit_rate, graph_options, faults)
     if proposer is not None:
         proposer.bind(num_blocks, config.block_size, max_model_len)
     secs = time.monotonic() - t0
     log.info("engine ready in %.1fs: %d KV blocks of %d tokens", secs, num_blocks, config.block_size)
-    return EngineParts(tok, cfg, model, max_model_len, blocks, runner, proposer, secs)
+    return EngineParts(tok, cfg, model, max_model_len, blocks, runner, proposer, secs, faults)

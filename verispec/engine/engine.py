@@ -12,9 +12,9 @@ import time
 from dataclasses import dataclass
 
 from verispec.config import EngineConfig
-from verispec.core import faults
 from verispec.core.counters import SpecCounters
-from verispec.core.placeholder import PLACEHOLDER, check_fresh
+from verispec.core.faults import Faults
+from verispec.core.placeholder import PLACEHOLDER
 from verispec.core.request import Request, Status
 from verispec.core.sampling_params import RequestOutputKind, SamplingParams, any_params
 from verispec.engine.builder import EngineParts, build_engine_parts, freeze_gc, gc_freeze_enabled
@@ -53,9 +53,12 @@ class _Group:
 class LLMEngine:
     """The engine core shared by the offline LLM class and the server."""
 
-    def __init__(self, config: EngineConfig, parts: EngineParts | None = None) -> None:
+    def __init__(self, config: EngineConfig, parts: EngineParts | None = None, faults: Faults | None = None) -> None:
+        """faults: planted bugs (tests only); None reads VERISPEC_FAULT / VERISPEC_DEBUG_STALE now, once.
+        Pre-built parts carry their own (assemble_parts(..., faults=))."""
         self.config = config
-        p = parts or build_engine_parts(config)
+        p = parts or build_engine_parts(config, faults or Faults.from_env())
+        self.faults = p.faults
         self.parts = p
         self.tokenizer = p.tokenizer
         self.model_config = p.model_config
@@ -64,7 +67,8 @@ class LLMEngine:
         self.runner = p.runner
         self.proposer = p.proposer
         self.scheduler = Scheduler(p.blocks, config.max_num_seqs, config.max_num_batched_tokens, p.max_model_len,
-                                   drafts_for=p.proposer.num_drafts_for if p.proposer is not None else None)
+                                   drafts_for=p.proposer.num_drafts_for if p.proposer is not None else None,
+                                   faults=p.faults)
         self.spec = SpecCounters()
         self.groups: dict[str, _Group] = {}
         self.seq_to_group: dict[str, _Group] = {}
@@ -309,7 +313,7 @@ class LLMEngine:
     def _count_acceptance(self, req: Request, num_drafts: int, num_accepted: int) -> None:
         if num_drafts == 0:
             return
-        if faults.active("miscount_rejected") and num_accepted < num_drafts:
+        if self.faults.active("miscount_rejected") and num_accepted < num_drafts:
             num_accepted += 1  # the bug: the first rejected position counted as accepted
         self.spec.record(num_drafts, num_accepted)
         req.spec.record(num_drafts, num_accepted)
@@ -323,7 +327,7 @@ class LLMEngine:
         if g is not None:
             detok = g.detoks[req.index]
             if g.defer_text and reason != "abort":  # an aborted request's text is never read
-                g.texts[req.index] += detok.add_tokens(check_fresh(req.output_token_ids, "output_token_ids"))
+                g.texts[req.index] += detok.add_tokens(self.faults.check_fresh(req.output_token_ids, "output_token_ids"))
             g.texts[req.index] += detok.flush()
             if g.finished() and reason != "abort":
                 self.num_requests_finished += 1

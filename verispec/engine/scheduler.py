@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from verispec.core import faults
+from verispec.core.faults import NO_FAULTS, Faults
 from verispec.core.placeholder import PLACEHOLDER
 from verispec.core.request import Request, Status
 from verispec.core.scheduler_output import ScheduledRequest, SchedulerOutput
@@ -36,7 +36,9 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_model_len: int,
         drafts_for: Callable[[Request], int] | None = None,
+        faults: Faults = NO_FAULTS,
     ) -> None:
+        self.faults = faults
         self.blocks = blocks
         self.drafts_for = drafts_for
         self.max_num_seqs = max_num_seqs
@@ -120,7 +122,7 @@ class Scheduler:
             self.running.append(req)
             out.scheduled.append(ScheduledRequest(req, req.num_computed_tokens, num_new, 0))
             budget -= num_new
-        if faults.active("early_prefix_publish"):
+        if self.faults.active("early_prefix_publish"):
             # The planted bug: hashes published before the K/V of later chunks is written.
             for s in out.scheduled:
                 self.blocks.publish(s.request.block_ids, s.request.all_token_ids, s.request.num_tokens)

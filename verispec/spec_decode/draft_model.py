@@ -133,7 +133,7 @@ class DraftModelProposer(Proposer):
             host_ids.extend(ids)
             owners.extend((r.request_id, "out", pos - r.num_prompt_tokens) for pos in range(start, end))
             chunks.append(SeqChunk(ids, start, r.block_ids))
-        return self._forward(chunks, combine_inputs(host_ids, owners, sources, self.device))
+        return self._forward(chunks, combine_inputs(host_ids, owners, sources, self.device, self.faults))
 
     def _forward(self, chunks: list[SeqChunk], input_ids: torch.Tensor) -> torch.Tensor:
         with_ref = self.model.attn_fn is reference_attention

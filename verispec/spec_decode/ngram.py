@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from array import array
 
-from verispec.core.placeholder import check_fresh
 from verispec.core.request import Request
 from verispec.spec_decode.proposer import Proposal, Proposer
 
@@ -45,6 +44,6 @@ class NgramProposer(Proposer):
         for req in requests:
             k = self.num_drafts_for(req)
             if k > 0:
-                tokens = check_fresh(req.all_token_ids, "all_token_ids (ngram lookup)")
+                tokens = self.faults.check_fresh(req.all_token_ids, "all_token_ids (ngram lookup)")
                 out.token_ids[req.request_id] = ngram_lookup(tokens, k, self.n_min, self.n_max)
         return out

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from verispec.core.faults import NO_FAULTS
 from verispec.core.request import Request
 from verispec.core.scheduler_output import SchedulerOutput
 from verispec.worker.token_state import DeviceTokens
@@ -53,6 +54,7 @@ class Proposer:
 
     def __init__(self, num_speculative_tokens: int) -> None:
         self.k = num_speculative_tokens
+        self.faults = NO_FAULTS  # the engine's planted bugs and strict checks (set by the builder)
         self.max_model_len = 1 << 30
         self.num_blocks = 0
         self.block_size = 16

@@ -18,9 +18,9 @@ from typing import NamedTuple
 import torch
 
 from verispec.attention.reference import build_reference_indices, reference_attention
-from verispec.core import faults
 from verispec.core.attention_metadata import AttentionMetadata
-from verispec.core.placeholder import PLACEHOLDER, check_fresh
+from verispec.core.faults import NO_FAULTS, Faults
+from verispec.core.placeholder import PLACEHOLDER
 from verispec.core.sampling_params import any_params
 from verispec.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from verispec.kernels.argmax import argmax_rows
@@ -191,7 +191,9 @@ class ModelRunner:
         capture_layers: tuple[int, ...] = (),
         audit_rate: float = 0.0,
         graph_options: dict | None = None,
+        faults: Faults = NO_FAULTS,
     ) -> None:
+        self.faults = faults
         cfg = model.config
         self.model = model
         self.block_size = block_size
@@ -268,13 +270,12 @@ class ModelRunner:
             self._sample(handle, hb, inp, hidden if inp.logit_rows is None else hidden[inp.logit_rows], draft_probs)
         return handle
 
-    @staticmethod
-    def _fault_sources(sched: SchedulerOutput, sources: dict[str, DeviceTokens | None]) -> dict[str, DeviceTokens | None]:
+    def _fault_sources(self, sched: SchedulerOutput, sources: dict[str, DeviceTokens | None]) -> dict[str, DeviceTokens | None]:
         """The sources, or with VERISPEC_FAULT=row_by_position the planted bug: the previous step's
         rows looked up by this step's batch position, which differs from the producing step's row
         once a request ahead has finished."""
         prev = sources.get("out")
-        if prev is None or not faults.active("row_by_position"):
+        if prev is None or not self.faults.active("row_by_position"):
             return sources
         order = [s.request.request_id for s in sched.scheduled]
         rows = {rid: min(i, prev.values.shape[0] - 1) for i, rid in enumerate(order)}
@@ -288,7 +289,7 @@ class ModelRunner:
         apply (input_ids[positions] = flat[sources]) before anything reads the ids."""
         ph_pos, ph_src, flat = gather_plan(hb.placeholders, sources)
         ids = hb.ids
-        if hb.placeholders and faults.active("placeholder_leak"):
+        if hb.placeholders and self.faults.active("placeholder_leak"):
             ids = [0 if t == PLACEHOLDER else t for t in ids]  # the bug: placeholders reach the model
             ph_pos, ph_src = [], []
         num_tokens, num_seqs = len(ids), len(hb.query_lens)
@@ -460,7 +461,7 @@ class ModelRunner:
         self, ids_ext: torch.Tensor, host_ids: list[int], draft_idx: torch.Tensor, honest: bool = False
     ) -> torch.Tensor:
         """[S, Kmax] drafts of each sampling request, read from the device input ids (padded with -2)."""
-        if faults.active("stale_host_draft") and not honest:
+        if self.faults.active("stale_host_draft") and not honest:
             # The bug: drafts taken from the host mirror of the input ids (placeholders when the
             # drafts were produced on the device).
             src = torch.tensor(host_ids + [-2], dtype=torch.long).to(self.device)
@@ -626,10 +627,10 @@ class ModelRunner:
                     if banned:
                         logits[r0 + j].index_fill_(0, to_device(banned, torch.long, logits.device), float("-inf"))
                 if p.needs_penalties:
-                    drafts = check_fresh(req.spec_token_ids[: s.num_draft_tokens], "spec_token_ids")
+                    drafts = self.faults.check_fresh(req.spec_token_ids[: s.num_draft_tokens], "spec_token_ids")
                     pen_rows.append(r0 + j)
                     pen_prompt.append(req.prompt_token_ids)
-                    pen_out.append(check_fresh(req.output_token_ids, "output_token_ids") + drafts[:j])
+                    pen_out.append(self.faults.check_fresh(req.output_token_ids, "output_token_ids") + drafts[:j])
                     pres.append(p.presence_penalty)
                     freq.append(p.frequency_penalty)
                     rep.append(p.repetition_penalty)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from verispec.core import faults
+from verispec.core.faults import NO_FAULTS, Faults
 from verispec.core.placeholder import PLACEHOLDER
 from verispec.worker.inputs import to_device
 
@@ -108,6 +108,7 @@ def combine_inputs(
     owners: list[Owner | None],
     sources: dict[str, DeviceTokens | None],
     device: torch.device,
+    faults: Faults = NO_FAULTS,
 ) -> torch.Tensor:
     """Device input ids for a step: host ids where known, device values where the host holds a
     PLACEHOLDER. owners[i] = (request id, "out" | "draft", index) for placeholder positions.

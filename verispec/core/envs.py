@@ -1,0 +1,31 @@
+"""Every environment variable verispec reads, declared and parsed here and nowhere else.
+
+Each is read when its function is called; engines call them once, when they are built, so
+nothing on the hot path looks at os.environ. Kernel tuning is not set here: it is an options
+object (verispec/core/options.py) that scripts build variants of.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def fault() -> str | None:
+    """VERISPEC_FAULT=<name>: plant one known bug (test-only; see verispec/core/faults.py)."""
+    return os.environ.get("VERISPEC_FAULT") or None
+
+
+def debug_stale() -> bool:
+    """VERISPEC_DEBUG_STALE=1: a read of a stale host mirror raises StaleMirrorError."""
+    return os.environ.get("VERISPEC_DEBUG_STALE") == "1"
+
+
+def cache_dir() -> Path:
+    """VERISPEC_CACHE_DIR: models and dequantized caches (default ~/.cache/verispec)."""
+    return Path(os.environ.get("VERISPEC_CACHE_DIR") or os.path.join("~", ".cache", "verispec")).expanduser()
+
+
+def stage_cache_dir() -> Path:
+    """VERISPEC_STAGE_CACHE: where `pull` downloads wheels before it verifies them."""
+    return Path(os.environ.get("VERISPEC_STAGE_CACHE") or "~/.cache/verispec-stage").expanduser()
