@@ -7,8 +7,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # for tests/tiny.py
+
+# Without a GPU the Triton kernels run in Triton's CPU interpreter. Triton reads TRITON_INTERPRET when
+# a kernel module defines its kernels, so it is set here, before any test module imports
+# verispec.kernels (verispec itself never sets it).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 QWEN05 = "qwen2.5-coder-0.5b-instruct"
 QWEN15 = "qwen2.5-coder-1.5b-instruct"
@@ -52,8 +59,6 @@ def hf05(qwen05_path):
 
 
 def pytest_collection_modifyitems(config, items):
-    import torch
-
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")

@@ -173,37 +173,28 @@ def test_splitk_config(m):
     assert lin.splitk_config(m, 151936, 1536) is None
 
 
-def test_splitk_max_rows_env():
-    """VERISPEC_SPLITK_MAX_ROWS sets SPLITK_MAX_ROWS at import (for an A/B run)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    checkout = str(Path(lin.__file__).resolve().parents[2])
-    env = dict(os.environ, VERISPEC_SPLITK_MAX_ROWS="128",
-               PYTHONPATH=os.pathsep.join(filter(None, [checkout, os.environ.get("PYTHONPATH")])))
-    code = "from verispec.kernels import linear as lin; print(lin.SPLITK_MAX_ROWS)"
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert res.stdout.strip() == "128"
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_dispatch_on_cuda_splitk_rows(monkeypatch):
-    """Rows above SKINNY_MAX_ROWS take the split-K kernel up to SPLITK_MAX_ROWS (not the LM head); 0 turns it off."""
+def test_dispatch_on_cuda_splitk_rows():
+    """Rows above SKINNY_MAX_ROWS take the split-K kernel from KernelOptions.splitk_min_rows to
+    splitk_max_rows (not the LM head); a max of 0 turns it off."""
+    from verispec.core.options import KernelOptions
+
     w = rand(2048, 1536, seed=1, device="cuda", dtype=torch.bfloat16, scale=1536**-0.5)
     gu = rand(2 * 8960, 1536, seed=2, device="cuda", dtype=torch.bfloat16, scale=1536**-0.5)
     x64 = rand(64, 1536, seed=3, device="cuda", dtype=torch.bfloat16)
-    monkeypatch.setattr(lin, "SPLITK_MAX_ROWS", 0)
-    assert lin._pick(x64, w) == "torch"
-    monkeypatch.setattr(lin, "SPLITK_MAX_ROWS", 128)
-    assert lin._pick(x64, w) == "splitk"
-    assert lin._pick(x64, gu, silu_mul=True) == "splitk"
-    assert lin._pick(x64, torch.zeros(151936, 1536, device="cuda")) == "torch"  # LM head: cuBLAS
-    assert lin._pick(torch.zeros(129, 1536, device="cuda", dtype=torch.bfloat16), w) == "torch"
+    assert lin._pick(x64, w, options=KernelOptions(splitk_max_rows=0)) == "torch"
+    assert lin._pick(x64, w) == "splitk"  # the default range, 33..64
+    wide = KernelOptions(splitk_max_rows=128)
+    assert lin._pick(x64, gu, silu_mul=True, options=wide) == "splitk"
+    assert lin._pick(x64, torch.zeros(151936, 1536, device="cuda"), options=wide) == "torch"  # LM head: cuBLAS
+    assert lin._pick(torch.zeros(129, 1536, device="cuda", dtype=torch.bfloat16), w, options=wide) == "torch"
+    assert lin._pick(torch.zeros(100, 1536, device="cuda", dtype=torch.bfloat16), w, options=wide) == "splitk"
+    assert lin._pick(torch.zeros(100, 1536, device="cuda", dtype=torch.bfloat16), w) == "torch"
     assert lin._pick(torch.zeros(8, 1536, device="cuda", dtype=torch.bfloat16), w) == "skinny"
-    assert lin._pick(torch.zeros(lin.SPLITK_MIN_ROWS - 1, 1536, device="cuda", dtype=torch.bfloat16), w) == "torch"
+    assert lin._pick(torch.zeros(32, 1536, device="cuda", dtype=torch.bfloat16), w) == "torch"
+    assert lin._pick(torch.zeros(32, 1536, device="cuda", dtype=torch.bfloat16), w,
+                     options=KernelOptions(splitk_min_rows=17)) == "splitk"
     b = rand(2048, seed=4, device="cuda", dtype=torch.bfloat16)
     torch.testing.assert_close(lin.linear(x64, w, b).float(), lin.skinny_linear_ref(x64, w, b).float(),
                                **tol(torch.bfloat16))

@@ -2,7 +2,8 @@
 
 Each is read when its function is called; engines call them once, when they are built, so
 nothing on the hot path looks at os.environ. Kernel tuning is not set here: it is an options
-object (verispec/core/options.py) that scripts build variants of.
+object (verispec/core/options.py) that scripts build variants of. verispec never sets an
+environment variable itself (tests/conftest.py sets TRITON_INTERPRET for the CPU kernel tests).
 """
 
 from __future__ import annotations
@@ -29,3 +30,10 @@ def cache_dir() -> Path:
 def stage_cache_dir() -> Path:
     """VERISPEC_STAGE_CACHE: where `pull` downloads wheels before it verifies them."""
     return Path(os.environ.get("VERISPEC_STAGE_CACHE") or "~/.cache/verispec-stage").expanduser()
+
+
+def triton_interpret() -> bool:
+    """TRITON_INTERPRET=1: Triton's own switch to run kernels in its CPU interpreter (tests only;
+    tests/conftest.py sets it before triton is imported). Triton reads it when a kernel module is
+    imported, so the kernel modules read it then too (the interpreter-friendly loop, no inline PTX)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"

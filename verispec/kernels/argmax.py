@@ -10,17 +10,12 @@ the tokens in a greedy decode step's packed result (ModelRunner._verify), saving
 
 from __future__ import annotations
 
-import os
-
 import torch
+import triton
+import triton.language as tl
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-from verispec.kernels.pdl import launch_kwargs, wait_prior  # noqa: E402
+from verispec.core.options import DEFAULT_OPTIONS, KernelOptions
+from verispec.kernels.pdl import launch_kwargs, wait_prior
 
 CHUNK = 2048
 
@@ -55,7 +50,7 @@ def _argmax_rows_kernel(pv_ptr, pi_ptr, out_ptr, R, NUM_CHUNKS, C_PAD: tl.conste
         tl.store(out_ptr + R + r, 1)
 
 
-def argmax_rows(logits: torch.Tensor, with_counts: bool = False) -> torch.Tensor:
+def argmax_rows(logits: torch.Tensor, with_counts: bool = False, options: KernelOptions = DEFAULT_OPTIONS) -> torch.Tensor:
     """logits [R, N] float32 (rows contiguous) -> [R] int64 argmax per row; with_counts: [2R], the
     argmax then R ones."""
     rows, n = logits.shape
@@ -66,7 +61,7 @@ def argmax_rows(logits: torch.Tensor, with_counts: bool = False) -> torch.Tensor
     chunks = triton.cdiv(n, CHUNK)
     pv = torch.empty(rows, chunks, dtype=torch.float32, device=logits.device)
     pi = torch.empty(rows, chunks, dtype=torch.int32, device=logits.device)
-    pdl = launch_kwargs(logits.device)
+    pdl = launch_kwargs(logits.device, options.pdl)
     _argmax_chunk_kernel[(rows, chunks)](logits, pv, pi, n, logits.stride(0), chunks, CHUNK=CHUNK, num_warps=4, **pdl)
     _argmax_rows_kernel[(rows,)](pv, pi, out, rows, chunks, C_PAD=max(16, triton.next_power_of_2(chunks)),
                                  COUNTS=with_counts, num_warps=1, **pdl)

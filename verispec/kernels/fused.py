@@ -2,27 +2,23 @@
 
   * rms_norm(x, weight, eps, residual=None): RMSNorm, optionally fused with the residual add;
     same rounding as RMSNorm.forward (the sum is rounded to x.dtype before it is normalized).
-  * rotary_(positions, q, k, cos, sin): NeoX rotate-half rotary, in place on q and k.
-  * rotary_write_kv_(...): rotary on q in place, and k rotated + v written into the paged KV cache.
+  * rotary_write_kv_(...): NeoX rotate-half rotary on q in place, and k rotated + v written into the
+    paged KV cache (the Triton attention backend's K/V write, attention/triton.py).
   * silu_and_mul(gate, up): SiLU(gate) * up in one pass (float32 math, one rounding).
 
-verispec/models/kernel_path.py switches a model onto these kernels (CUDA tensors only).
+verispec/models/kernel_path.py switches a model onto these kernels (CUDA tensors only). Each takes
+options= (core/options.py) for its launch (PDL).
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-from verispec.kernels.pdl import launch_kwargs, wait_prior  # noqa: E402
+from verispec.core.options import DEFAULT_OPTIONS, KernelOptions
+from verispec.kernels.pdl import launch_kwargs, wait_prior
 
 
 @triton.jit
@@ -42,7 +38,8 @@ def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, rout_ptr, n_cols, eps,
     tl.store(out_ptr + row * n_cols + c, (xf * inv * w).to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+             options: KernelOptions = DEFAULT_OPTIONS):
     """Triton RMSNorm over the last dim; with residual returns (norm(x + residual), x + residual)."""
     shape = x.shape
     n = shape[-1]
@@ -56,7 +53,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     if x2.shape[0]:
         _rms_norm_kernel[(x2.shape[0],)](
             x2, r2, weight, out, rout, n, eps, HAS_RES=residual is not None,
-            BLOCK=triton.next_power_of_2(n), num_warps=4 if n <= 4096 else 8, **launch_kwargs(x.device),
+            BLOCK=triton.next_power_of_2(n), num_warps=4 if n <= 4096 else 8, **launch_kwargs(x.device, options.pdl),
         )
     if residual is None:
         return out.view(shape)
@@ -83,33 +80,6 @@ def _rotate_heads(x_ptr, t, stride_t, stride_h, n_heads, cos, sin, H_PAD: tl.con
     x2 = tl.load(p1 + HALF, mask=ok, other=0.0).to(tl.float32)
     tl.store(p1, (x1 * cos - x2 * sin).to(x_ptr.dtype.element_ty), mask=ok)
     tl.store(p1 + HALF, (x2 * cos + x1 * sin).to(x_ptr.dtype.element_ty), mask=ok)
-
-
-@triton.jit
-def _rotary_kernel(pos_ptr, q_ptr, k_ptr, cos_ptr, sin_ptr, stride_qt, stride_qh, stride_kt, stride_kh,
-                   n_q, n_k, QH_PAD: tl.constexpr, KH_PAD: tl.constexpr, HALF: tl.constexpr, PDL: tl.constexpr):
-    wait_prior(PDL)
-    t = tl.program_id(0).to(tl.int64)
-    p = tl.load(pos_ptr + t).to(tl.int64)
-    d = tl.arange(0, HALF)[None, :]
-    cos = tl.load(cos_ptr + p * HALF + d)
-    sin = tl.load(sin_ptr + p * HALF + d)
-    _rotate_heads(q_ptr, t, stride_qt, stride_qh, n_q, cos, sin, QH_PAD, HALF)
-    _rotate_heads(k_ptr, t, stride_kt, stride_kh, n_k, cos, sin, KH_PAD, HALF)
-
-
-def rotary_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    """In-place NeoX rotary on q [T, H, D] and k [T, KH, D]; cos/sin: float32 [max_pos, D/2]."""
-    num_tokens, num_q, head_dim = q.shape
-    assert q.stride(-1) == 1 and k.stride(-1) == 1 and cos.is_contiguous() and sin.is_contiguous()
-    assert cos.dtype == torch.float32 and cos.shape[1] * 2 == head_dim
-    if num_tokens:
-        _rotary_kernel[(num_tokens,)](
-            positions, q, k, cos, sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-            num_q, k.shape[1], QH_PAD=triton.next_power_of_2(num_q),
-            KH_PAD=triton.next_power_of_2(k.shape[1]), HALF=head_dim // 2, num_warps=4, **launch_kwargs(q.device),
-        )
-    return q, k
 
 
 @triton.jit
@@ -141,9 +111,11 @@ def _rotary_write_kv_kernel(pos_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, cach
 
 
 def rotary_write_kv_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """rotary_ on q (in place) and on k, written with v straight into kv_cache [2, slots, KH, D] at
-    slot_mapping (negative: skipped); k itself is left unrotated (attention reads the cache)."""
+                     cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                     options: KernelOptions = DEFAULT_OPTIONS) -> None:
+    """NeoX rotary on q [T, H, D] (in place) and on k [T, KH, D], written with v straight into
+    kv_cache [2, slots, KH, D] at slot_mapping (negative: skipped); k itself is left unrotated
+    (attention reads the cache). cos / sin: float32 [max_pos, D/2]."""
     num_tokens, num_q, head_dim = q.shape
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and kv_cache.stride(-1) == 1
     assert cos.dtype == torch.float32 and cos.shape[1] * 2 == head_dim and cos.is_contiguous()
@@ -152,19 +124,9 @@ def rotary_write_kv_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
             positions, q, k, v, cos, sin, kv_cache, slot_mapping, q.stride(0), q.stride(1), k.stride(0),
             k.stride(1), v.stride(0), v.stride(1), kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
             num_q, NUM_KV=k.shape[1], QH_PAD=triton.next_power_of_2(num_q),
-            KH_PAD=triton.next_power_of_2(k.shape[1]), HALF=head_dim // 2, num_warps=4, **launch_kwargs(q.device),
+            KH_PAD=triton.next_power_of_2(k.shape[1]), HALF=head_dim // 2, num_warps=4,
+            **launch_kwargs(q.device, options.pdl),
         )
-
-
-def rotary_ref(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    """Torch reference (identical to RotaryEmbedding.forward); returns new tensors."""
-    c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
-
-    def rot(x: torch.Tensor) -> torch.Tensor:
-        x1, x2 = x.float().chunk(2, dim=-1)
-        return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)
-
-    return rot(q), rot(k)
 
 
 @triton.jit
@@ -179,7 +141,7 @@ def _silu_mul_kernel(g_ptr, u_ptr, out_ptr, n_cols, stride_g, stride_u, BLOCK: t
     tl.store(out_ptr + row * n_cols + c, y.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+def silu_and_mul(gate: torch.Tensor, up: torch.Tensor, options: KernelOptions = DEFAULT_OPTIONS) -> torch.Tensor:
     """SiLU(gate) * up for [..., N] inputs (last dim contiguous)."""
     n = gate.shape[-1]
     g2, u2 = gate.reshape(-1, n), up.reshape(-1, n)
@@ -191,7 +153,7 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     block = min(1024, triton.next_power_of_2(n))
     if g2.shape[0]:
         _silu_mul_kernel[(g2.shape[0], triton.cdiv(n, block))](
-            g2, u2, out, n, g2.stride(0), u2.stride(0), BLOCK=block, num_warps=4, **launch_kwargs(gate.device),
+            g2, u2, out, n, g2.stride(0), u2.stride(0), BLOCK=block, num_warps=4, **launch_kwargs(gate.device, options.pdl),
         )
     return out.view(gate.shape)
 

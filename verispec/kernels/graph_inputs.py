@@ -13,17 +13,12 @@ before: `input_ids[pos] = flat[src]`).
 
 from __future__ import annotations
 
-import os
-
 import torch
+import triton
+import triton.language as tl
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-from verispec.kernels.pdl import launch_kwargs, wait_prior  # noqa: E402
+from verispec.core.options import DEFAULT_OPTIONS, KernelOptions
+from verispec.kernels.pdl import launch_kwargs, wait_prior
 
 # (positions [P] sorted, source indices [P], flat [F]): input_ids[positions[i]] = flat[sources[i]]
 Placeholders = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -86,6 +81,7 @@ def stage_graph_inputs(
     src: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
     dst: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
     n: int, b: int, q: int, scratch: int, block_size: int, placeholders: Placeholders | None = None,
+    options: KernelOptions = DEFAULT_OPTIONS,
 ) -> None:
     """src = (input_ids [n*q], positions [n*q], slot_mapping [n*q], query_start_loc [n+1], seq_lens [n],
     block_tables [n, width]) of a step of n sequences with q tokens each; dst = the same six static
@@ -101,5 +97,5 @@ def stage_graph_inputs(
         ids, pos, slots, qsl, sl, bt, d_ids, d_pos, d_slot, d_qsl, d_sl, d_bt, ph_pos, ph_src, flat, n_ph,
         n, bt.shape[1], bt.stride(0), scratch, block_size, MAX_BLOCKS=d_bt.shape[1], Q=q,
         Q_PAD=triton.next_power_of_2(q), COLS=min(1024, triton.next_power_of_2(d_bt.shape[1])), PH_BLOCK=64,
-        num_warps=1, **launch_kwargs(d_ids.device),
+        num_warps=1, **launch_kwargs(d_ids.device, options.pdl),
     )

@@ -9,43 +9,24 @@ part in L2. A prefetch is only a hint: it reads constants (weights), writes noth
 evicted before use is simply read again from HBM, so results are unchanged whatever it does.
 
 The regions are (address, bytes) pairs of host ints (a weight's data_ptr never changes, so they
-are safe to bake into a CUDA graph). PREFETCH_BYTES (VERISPEC_L2_PREFETCH_MB, read at import) is
-how much of the next MLP weight is asked for; 0 turns it off.
-
-Measured on the H200 (`scripts/step_ablation.py --batch-sizes 1 --variants l2=0,l2=4,...`, random
-1.5B weights, docs/BENCHMARKS.md "Session 7"): the batch-1 replay at context 64 / 256 / 2,048 is
-1,083.5 / 1,092.0 / 1,151.2 us with 4 MB against 1,112.9 / 1,118.5 / 1,163.4 without. More is
-worse (16 MB: -5 us; 32 MB: +45; 48 MB: +129 at context 256). Extra prefetch programs in the
-GEMVs themselves (gate_up asking for down_proj's head, down for the next qkv's) cost +150 / +23
-us; from the split-K combine's launch (4 MB more) +40 us; from a kernel on a side stream (a graph
-branch joined at the end of the forward) 8 MB more gained nothing, 16 / 24 MB cost +13 / +30 us;
-o_proj's head as well changed nothing (its GEMV loads its weights before its PDL wait). A launch
-whose programs prefetch seems to complete only once the prefetch has landed, so the prefetch
-must fit in the time its host kernel takes anyway: attention, launched early (PDL) and bound by
-latency, is that host. Outside the one-row path (4 MB): one sequence of 4 / 8 tokens (a verify
-step) -19 / -2 us, two sequences of one token -9 us, but 4 / 8 sequences +30 / +84 us; so steps of
-at most MAX_SEQS sequences and MAX_ROWS tokens ask.
+are safe to bake into a CUDA graph). How much of the next MLP weight is asked for, and in which
+steps, is the Triton attention backend's option (KernelOptions.l2_prefetch_*; attention/triton.py).
+A launch whose programs prefetch seems to complete only once the prefetch has landed, so the
+prefetch must fit in the time its host kernel takes anyway: attention, launched early (PDL) and
+bound by latency, is that host. The measurements behind the defaults and the placements that lost
+are in docs/BENCHMARKS.md ("Session 7"; "Moved from docstrings (0.2 layout)").
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
+import triton
+import triton.language as tl
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from verispec.core import envs
+from verispec.kernels.pdl import hopper_or_newer
 
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-from verispec.kernels.pdl import hopper_or_newer  # noqa: E402
-
-PREFETCH_BYTES = int(float(os.environ.get("VERISPEC_L2_PREFETCH_MB", "4")) * (1 << 20))
-# Steps of more sequences or tokens than these (outside the one-row path) go without the prefetch.
-MAX_SEQS = 2
-MAX_ROWS = 8
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+_INTERPRET = envs.triton_interpret()  # read when triton is: at import
 
 Regions = tuple[int, int, int, int]  # (address 0, bytes 0, address 1, bytes 1)
 

@@ -1,54 +1,42 @@
 """Linear layers for few rows of x: y = x @ W^T (+ bias), streaming W once at full bandwidth.
 
-At batch-1 decode a linear layer is a matrix-vector product bound by reading W. Two Triton kernels:
+At batch-1 decode a linear layer is a matrix-vector product bound by reading W. Three Triton kernels:
   * _gemv_kernel (one row, every layer including the LM head): each program holds its 1-2 rows of W
     entirely in registers, loaded before it waits for the previous kernel (programmatic dependent
-    launch, see kernels/pdl.py), so the weight stream overlaps the previous kernel's tail. On the
-    H200 in a chain of launches (`verispec bench linear`, docs/BENCHMARKS.md, 1.5B shapes): qkv
-    2.9 us, o 2.4, gate_up + SiLU-mul 14.6 (3.8 TB/s), down 8.4 (cuBLAS 11.2), LM head 103 (109).
+    launch, see kernels/pdl.py), so the weight stream overlaps the previous kernel's tail.
   * _skinny_kernel (2..SKINNY_MAX_ROWS rows): narrow column blocks, K looped in tiles; cuBLAS keeps
     down_proj and the LM head there (skinny_config returns None).
-  * _splitk_kernel (batched decode, SPLITK_MIN_ROWS..SPLITK_MAX_ROWS rows): tl.dot tiles with K
-    split across programs, so that a narrow layer still has ~1 program per SM; the float32 partial
-    sums go to a workspace that _splitk_reduce_kernel adds up (one kernel when SPLIT_K is 1). At
-    batch 64 (1.5B, context 256) the step's replay is 1,855 us with it, 1,960 with cuBLAS.
+  * _splitk_kernel (batched decode, KernelOptions.splitk_min_rows..splitk_max_rows rows): tl.dot
+    tiles with K split across programs, so that a narrow layer still has ~1 program per SM; the
+    float32 partial sums go to a workspace that _splitk_reduce_kernel adds up (one kernel when
+    SPLIT_K is 1).
 Epilogues fuse what follows:
   * bias add (Qwen2's q/k/v projection);
   * SiLU-and-mul for a fused [gate; up] weight (the MLP's first projection): the program reads
     the gate rows and the matching up rows and writes silu(gate) * up directly.
 
 linear(x, w, b) and gate_up_silu(x, w) pick the kernel for CUDA tensors and fall back to torch
-otherwise; the *_ref functions are the torch references the tests compare against. Rounding: one
-float32 accumulation per output, rounded once to x.dtype (the fused SiLU-and-mul skips the
-intermediate rounding of gate and up).
+otherwise; the *_ref functions are the torch references the tests compare against. Every entry
+point takes options= (core/options.py: PDL, the split-K row range). Rounding: one float32
+accumulation per output, rounded once to x.dtype (the fused SiLU-and-mul skips the intermediate
+rounding of gate and up). The measurements behind each kernel's row range and tiles are in
+docs/BENCHMARKS.md (sessions 2-5; "Moved from docstrings (0.2 layout)").
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-from verispec.kernels.pdl import launch_kwargs, wait_prior  # noqa: E402
+from verispec.core.options import DEFAULT_OPTIONS, KernelOptions
+from verispec.kernels.pdl import launch_kwargs, wait_prior
 
 SKINNY_MAX_ROWS = 16  # above this many rows, cuBLAS tiles well enough
-# One row (batch-1 decode): the weight-resident GEMV for every layer, the LM head included. At 4 rows
-# it lost to cuBLAS on gate_up and down (27.0 / 15.1 us vs 18.1 / 11.4, `bench linear --sweep`).
+# One row (batch-1 decode): the weight-resident GEMV for every layer, the LM head included (at 4 rows
+# it lost to cuBLAS on gate_up and down). The split-K row range is KernelOptions.splitk_*_rows.
 GEMV_MAX_ROWS = 1
-# Rows SPLITK_MIN_ROWS..SPLITK_MAX_ROWS take the split-K kernel (where splitk_config is not None). On
-# the H200 (`scripts/step_ablation.py`, 1.5B, context 256) the decode step's replay with it against
-# cuBLAS: batch 32 1,833 vs 1,799 us, 64 1,855 vs 1,961, 128 2,614 vs 2,312, 256 4,083 vs 3,068;
-# so 33..64 rows. VERISPEC_SPLITK_MAX_ROWS overrides the upper bound (read once,
-# at import; 0 turns it off) for an A/B run.
-SPLITK_MIN_ROWS = 33
-SPLITK_MAX_ROWS = int(os.environ.get("VERISPEC_SPLITK_MAX_ROWS", "64"))
 
 
 @triton.jit
@@ -153,10 +141,9 @@ def _skinny_kernel(
 
 
 def skinny_config(m: int, n_out: int, k: int, silu_mul: bool = False) -> dict | None:
-    """Tile sizes for an [m, k] x [k, n_out] product, or None where cuBLAS is as fast (measured on
-    an H200 with `verispec bench linear --sweep`, see docs/BENCHMARKS.md): a huge N (the LM head,
-    where cuBLAS streams at ~96% of HBM bandwidth) and K >> N (down_proj: cuBLAS splits K, this
-    kernel does not)."""
+    """Tile sizes for an [m, k] x [k, n_out] product, or None where cuBLAS is as fast (`verispec
+    bench linear --sweep`): a huge N (the LM head, which cuBLAS streams at ~96% of HBM bandwidth)
+    and K >> N (down_proj: cuBLAS splits K, this kernel does not)."""
     if n_out >= 32768 or k >= 4 * n_out:
         return None
     if silu_mul:
@@ -177,7 +164,7 @@ def _out_for(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool) -> tuple[int
 
 def skinny_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, silu_mul: bool = False,
-    config: dict | None = None,
+    config: dict | None = None, options: KernelOptions = DEFAULT_OPTIONS,
 ) -> torch.Tensor:
     """The Triton path: x [M, K] (last dim contiguous) times weight [N, K]^T -> [M, N] (or [M, N/2]
     with silu_mul, where weight stacks [gate; up])."""
@@ -189,7 +176,8 @@ def skinny_linear(
     _skinny_kernel[grid](
         x, weight, bias if bias is not None else weight, out, m, n_out, n_out if silu_mul else 0,
         x.stride(0), weight.stride(0), out.stride(0), K=k,
-        HAS_BIAS=bias is not None, SILU_MUL=silu_mul, DOT_PREC=_dot_prec(x), **cfg, **launch_kwargs(x.device),
+        HAS_BIAS=bias is not None, SILU_MUL=silu_mul, DOT_PREC=_dot_prec(x), **cfg,
+        **launch_kwargs(x.device, options.pdl),
     )
     return out
 
@@ -285,12 +273,11 @@ def splitk_config(m: int, n_out: int, k: int, silu_mul: bool = False) -> dict | 
     """Tiles for _splitk_kernel on an [m, k] x [k, n_out] product (m > SKINNY_MAX_ROWS), or None for the
     LM head (n_out >= 32768: cuBLAS streams it at ~90% of HBM bandwidth).
 
-    From `verispec bench linear --rows 64 --sweep` on the H200 (1.5B shapes, docs/BENCHMARKS.md):
     BLOCK_N 32, BLOCK_M the smallest power of two >= m (16..64); SPLIT_K the smallest power of two
     giving >= SPLITK_TARGET_PROGRAMS programs with each split at most SPLITK_MAX_KS columns of K;
     BLOCK_K 128 (64 with SiLU-and-mul, whose gate and up tiles double the weight's share); 4 stages
-    where a split has >= 4 iterations, else 3. At m = 64 this is the sweep's best tile for qkv
-    (SPLIT_K 2), o (4), gate_up (1) and down (8, 4 stages instead of 3)."""
+    where a split has >= 4 iterations, else 3: the best tiles of `verispec bench linear --rows 64
+    --sweep` (docs/BENCHMARKS.md, session 5)."""
     if n_out >= 32768:
         return None
     bm = min(64, max(16, triton.next_power_of_2(m)))
@@ -312,7 +299,7 @@ def splitk_split(k: int, block_k: int, split_k: int) -> tuple[int, int]:
 
 def splitk_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, silu_mul: bool = False,
-    config: dict | None = None,
+    config: dict | None = None, options: KernelOptions = DEFAULT_OPTIONS,
 ) -> torch.Tensor:
     """The split-K Triton path: x [M, K] (last dim contiguous) times weight [N, K]^T -> [M, N] (or
     [M, N/2] with silu_mul, where weight stacks [gate; up]). The float32 workspace of a split K is
@@ -325,7 +312,7 @@ def splitk_linear(
     ws = out if split == 1 else torch.empty(split, m, 2 * n_out if silu_mul else n_out, dtype=torch.float32,
                                             device=x.device)
     b = bias if bias is not None else weight
-    pdl = launch_kwargs(x.device)
+    pdl = launch_kwargs(x.device, options.pdl)
     grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n_out, cfg["BLOCK_N"]), split)
     _splitk_kernel[grid](
         x, weight, b, out, ws, m, n_out, n_out if silu_mul else 0, x.stride(0), weight.stride(0), out.stride(0),
@@ -344,10 +331,9 @@ _REDUCE_BLOCK = 512
 
 def gemv_config(n_out: int, k: int, silu_mul: bool = False, norm: bool = False) -> dict:
     """Tiles for _gemv_kernel: each thread holds ~64 weight elements (1 or 2 output rows of the
-    padded K per program, 2-16 warps). On the H200 (`bench linear --sweep`, 1.5B shapes, one row)
-    this is the best or within 0.1 us of it for qkv, o, gate_up, down and the LM head. With a norm
-    prologue every program re-reads x and the residual; NORM_ROWS rows per program (2: replay
-    1,198 us; 4: 1,211; 8: 1,277, `bench profile`, context 256)."""
+    padded K per program, 2-16 warps): the best of `bench linear --sweep` (or within 0.1 us of it)
+    for every layer of the 1.5B at one row. With a norm prologue every program re-reads x and the
+    residual; NORM_ROWS rows per program (wider programs were slower: docs/BENCHMARKS.md)."""
     k_pad = triton.next_power_of_2(k)
     per_row = k_pad * (2 if silu_mul else 1)
     block_n = NORM_ROWS if norm else (2 if per_row <= 2048 else 1)
@@ -360,7 +346,7 @@ NORM_ROWS = 2
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, silu_mul: bool = False,
          config: dict | None = None, norm: tuple[torch.Tensor, float] | None = None,
          residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
-         out: torch.Tensor | None = None):
+         out: torch.Tensor | None = None, options: KernelOptions = DEFAULT_OPTIONS):
     """The weight-resident Triton GEMV: x [M, K] (few rows, last dim contiguous) times weight
     [N, K]^T -> [M, N] (or [M, N/2] with silu_mul, where weight stacks [gate; up]). out_dtype
     (e.g. float32 for logits): the result rounded to x's dtype, stored widened (no cast kernel);
@@ -384,7 +370,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
             x, weight, bias if bias is not None else weight, out, nw, residual if residual is not None else x, rout,
             eps, m, n_out, n_out if silu_mul else 0, x.stride(0), weight.stride(0), out.stride(0), K=k,
             K_PAD=triton.next_power_of_2(k), HAS_BIAS=bias is not None, SILU_MUL=silu_mul, NORM=norm is not None,
-            HAS_RES=residual is not None, **cfg, **launch_kwargs(x.device),
+            HAS_RES=residual is not None, **cfg, **launch_kwargs(x.device, options.pdl),
         )
     return out if norm is None else (out, rout)
 
@@ -394,32 +380,34 @@ _FALLBACK = dict(USE_DOT=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=128, num_warps=4,
 _SPLITK_FALLBACK = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=4)
 
 
-def _pick(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False) -> str:
+def _pick(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False, options: KernelOptions = DEFAULT_OPTIONS) -> str:
     """Which path an x [M, K] @ weight^T takes: "gemv", "skinny", "splitk" or "torch"."""
     rows = x.shape[0] if x.dim() == 2 else 0
-    if not (x.is_cuda and 0 < rows <= max(SKINNY_MAX_ROWS, SPLITK_MAX_ROWS) and x.stride(1) == 1):
+    if not (x.is_cuda and 0 < rows <= max(SKINNY_MAX_ROWS, options.splitk_max_rows) and x.stride(1) == 1):
         return "torch"
     n_out = weight.shape[0] // 2 if silu_mul else weight.shape[0]
     if rows <= GEMV_MAX_ROWS:
         return "gemv"
     if rows > SKINNY_MAX_ROWS:
-        ok = SPLITK_MIN_ROWS <= rows <= SPLITK_MAX_ROWS and splitk_config(rows, n_out, x.shape[1], silu_mul)
+        ok = (options.splitk_min_rows <= rows <= options.splitk_max_rows
+              and splitk_config(rows, n_out, x.shape[1], silu_mul))
         return "splitk" if ok else "torch"
     return "skinny" if skinny_config(rows, n_out, x.shape[1], silu_mul) is not None else "torch"
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+           out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None,
+           options: KernelOptions = DEFAULT_OPTIONS) -> torch.Tensor:
     """F.linear(x, weight, bias).to(out_dtype), through a Triton kernel where it pays (CUDA, few
     rows, a shape it wins on); the GEMV stores out_dtype itself (batch-1 logits: one kernel less).
     out: a buffer of that dtype to write the result into (returned)."""
-    path = _pick(x, weight)
+    path = _pick(x, weight, False, options)
     if path == "gemv":
-        return gemv(x, weight, bias, out_dtype=out_dtype, out=out)
+        return gemv(x, weight, bias, out_dtype=out_dtype, out=out, options=options)
     if path == "skinny":
-        y = skinny_linear(x, weight, bias)
+        y = skinny_linear(x, weight, bias, options=options)
     elif path == "splitk":
-        y = splitk_linear(x, weight, bias)
+        y = splitk_linear(x, weight, bias, options=options)
     else:
         y = F.linear(x, weight, bias)
     if out is not None:
@@ -427,21 +415,21 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return y if out_dtype is None else y.to(out_dtype)
 
 
-def gate_up_silu(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
+def gate_up_silu(x: torch.Tensor, gate_up: torch.Tensor, options: KernelOptions = DEFAULT_OPTIONS) -> torch.Tensor:
     """silu(x @ gate^T) * (x @ up^T) for gate_up = [gate; up] stacked along the output dim."""
-    path = _pick(x, gate_up, silu_mul=True)
+    path = _pick(x, gate_up, True, options)
     if path == "gemv":
-        return gemv(x, gate_up, silu_mul=True)
+        return gemv(x, gate_up, silu_mul=True, options=options)
     if path == "skinny":
-        return skinny_linear(x, gate_up, silu_mul=True)
+        return skinny_linear(x, gate_up, silu_mul=True, options=options)
     if path == "splitk":
-        return splitk_linear(x, gate_up, silu_mul=True)
+        return splitk_linear(x, gate_up, silu_mul=True, options=options)
     y = F.linear(x, gate_up)
     inter = gate_up.shape[0] // 2
     if x.is_cuda:
         from verispec.kernels.fused import silu_and_mul
 
-        return silu_and_mul(y[..., :inter], y[..., inter:])
+        return silu_and_mul(y[..., :inter], y[..., inter:], options)
     return F.silu(y[..., :inter]) * y[..., inter:]
 
 

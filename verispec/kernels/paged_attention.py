@@ -1,4 +1,4 @@
-"""Triton paged causal attention (decode, verify, varlen prefill) and the fused KV-cache write.
+"""Triton paged causal attention (decode, verify, varlen prefill): the kernels behind attention/triton.py.
 
 CUDA-graph contract (read this before capturing a graph around these functions):
   * Every value that changes from step to step is read by the kernels from device tensors of
@@ -20,31 +20,24 @@ CUDA-graph contract (read this before capturing a graph around these functions):
 Layout: q [T, H, D]; one layer's cache [2, num_slots, KH, D] with slot = block_id * block_size +
 offset. The H / KH query heads sharing a KV head are packed into one tile with the queries, so
 each program reads its KV head's context once. Accumulation is float32 (online softmax in base 2).
-On a machine without CUDA the kernels run in Triton's interpreter (slow; for tests only).
+With TRITON_INTERPRET=1 (tests on a machine without CUDA) the kernels run in Triton's interpreter.
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
+import triton
+import triton.language as tl
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-from verispec.core.attention_metadata import AttentionMetadata  # noqa: E402
-from verispec.kernels.l2_prefetch import Regions, prefetch_regions, prefetch_supported  # noqa: E402
-from verispec.kernels.pdl import launch_kwargs, wait_prior  # noqa: E402
+from verispec.core import envs
+from verispec.core.attention_metadata import AttentionMetadata
+from verispec.core.options import DEFAULT_OPTIONS, KernelOptions
+from verispec.kernels.l2_prefetch import Regions, prefetch_regions, prefetch_supported
+from verispec.kernels.pdl import launch_kwargs, wait_prior
 
 MAX_SPLITS = 32
-PROGRAMS_PER_SM = 2  # 4 before: replay at batch 16 / 64 / 256 was 1,826 / 2,125 / 3,635 us, now 1,708 / 2,069 / 3,543
-# Read the step's metadata before the PDL wait (the kernel before attention writes q and K/V only).
-META_EARLY = True
 POISON_SCRATCH = False  # tests: fill split-K partial buffers with NaN so unwritten entries show
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+_INTERPRET = envs.triton_interpret()  # read when triton is: at import
 _NUM_SMS: dict[int, int] = {}
 
 
@@ -99,7 +92,7 @@ def _attn_kernel(
     NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     DOT_PREC: tl.constexpr, WHILE_LOOP: tl.constexpr, CAUSAL: tl.constexpr, HAS_KV_START: tl.constexpr,
-    EARLY_V: tl.constexpr, META_EARLY: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
+    EARLY_V: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
     b = tl.program_id(0)
@@ -108,14 +101,12 @@ def _attn_kernel(
             prefetch_regions(pf_a0, pf_n0, pf_a1, pf_n1, tl.program_id(1) * tl.num_programs(2) + tl.program_id(2),
                              tl.num_programs(1) * tl.num_programs(2), 32 * 4)
             return
-    if not META_EARLY:
-        wait_prior(PDL)
     kvh = tl.program_id(1)
     qt = tl.program_id(2) // NUM_SPLITS
     split = tl.program_id(2) % NUM_SPLITS
 
-    # The step's metadata (and the first tile's block ids): with META_EARLY read before the PDL wait,
-    # as the kernel before this one writes q and the KV cache, never the metadata (pdl.py).
+    # The step's metadata (and the first tile's block ids) are read before the PDL wait, as the kernel
+    # before this one writes q and the KV cache, never the metadata (pdl.py).
     q_start = tl.load(qsl_ptr + b)
     q_len = tl.load(qsl_ptr + b + 1) - q_start
     seq_len = tl.load(seq_lens_ptr + b)
@@ -151,8 +142,7 @@ def _attn_kernel(
     slot = _tile_slots(bt_row, lo, lo_key, hi, BLOCK_N, PAGE)
     k_base = k_ptr + kvh.to(tl.int64) * stride_kvh
     v_base = v_ptr + kvh.to(tl.int64) * stride_kvh
-    if META_EARLY:
-        wait_prior(PDL)
+    wait_prior(PDL)
 
     q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
                 mask=row_ok[:, None], other=0.0)
@@ -230,12 +220,12 @@ def _tiles(num_heads: int, num_kv_heads: int, max_query_len: int) -> tuple[int, 
     return group_pad, block_q, triton.cdiv(max_query_len, block_q)
 
 
-def pick_num_splits(num_programs: int, device: torch.device) -> int:
-    """Split-K factor from shapes only (graph-safe): about PROGRAMS_PER_SM programs per SM, so the
-    key loop's memory latency is hidden by other programs (measured on the H200 with
-    `verispec bench profile`: one program per (sequence, KV head) left batch-64 decode attention
-    at ~25% of HBM bandwidth; 2 per SM beat 4 at batch 16, 64 and 256, docs/BENCHMARKS.md)."""
-    want = PROGRAMS_PER_SM * _num_sms(device)
+def pick_num_splits(num_programs: int, device: torch.device, programs_per_sm: int = 2) -> int:
+    """Split-K factor from shapes only (graph-safe): about programs_per_sm (KernelOptions.
+    attn_programs_per_sm) programs per SM, so the key loop's memory latency is hidden by other
+    programs (one program per (sequence, KV head) left batch-64 decode attention at ~25% of HBM
+    bandwidth: docs/BENCHMARKS.md, session 4)."""
+    want = programs_per_sm * _num_sms(device)
     if num_programs >= want:
         return 1
     # A power of two: NUM_SPLITS is a compile-time constant, so few distinct values = few JIT compiles.
@@ -245,12 +235,13 @@ def pick_num_splits(num_programs: int, device: torch.device) -> int:
 def triton_attention(
     q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
     num_splits: int | None = None, out: torch.Tensor | None = None, prefetch: Regions | None = None,
+    options: KernelOptions = DEFAULT_OPTIONS,
 ) -> torch.Tensor:
     """Paged causal attention; q: [T, H, D] -> [T, H, D]. Same contract as reference_attention.
 
-    num_splits forces the split-K factor (default: from shapes); out: optional output buffer;
-    prefetch: weight regions an extra row of programs asks L2 for (kernels/l2_prefetch.py; ignored
-    where unsupported)."""
+    num_splits forces the split-K factor (default: from shapes and options.attn_programs_per_sm);
+    out: optional output buffer; prefetch: weight regions an extra row of programs asks L2 for
+    (kernels/l2_prefetch.py; ignored where unsupported); options: PDL and the split target."""
     if meta.block_size is None:
         raise ValueError("triton_attention needs meta.block_size (build_batch fills it)")
     num_tokens, num_heads, head_dim = q.shape
@@ -262,7 +253,7 @@ def triton_attention(
     num_seqs = meta.query_start_loc.shape[0] - 1
     group_pad, block_q, q_tiles = _tiles(num_heads, num_kv_heads, meta.max_query_len)
     if num_splits is None:
-        num_splits = pick_num_splits(num_seqs * num_kv_heads * q_tiles, q.device)
+        num_splits = pick_num_splits(num_seqs * num_kv_heads * q_tiles, q.device, options.attn_programs_per_sm)
     out = torch.empty_like(q) if out is None else out
     if num_tokens == 0:
         return out
@@ -289,46 +280,12 @@ def triton_attention(
         BLOCK_N=block_n, HEAD_DIM=head_dim, PAGE=meta.block_size, NUM_SPLITS=num_splits,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", WHILE_LOOP=_INTERPRET,
         CAUSAL=meta.causal, HAS_KV_START=meta.kv_start is not None, EARLY_V=meta.max_query_len <= 16,
-        META_EARLY=META_EARLY, PREFETCH=pf is not None, num_warps=4, num_stages=3,
-        **launch_kwargs(q.device),
+        PREFETCH=pf is not None, num_warps=4, num_stages=3, **launch_kwargs(q.device, options.pdl),
     )
     if num_splits > 1:
         _combine_kernel[(num_tokens, num_heads)](
             out, po, pm, pl, num_tokens, out.stride(0), out.stride(1),
             NUM_HEADS=num_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
-            SPLIT_PAD=triton.next_power_of_2(num_splits), num_warps=1, **launch_kwargs(q.device),
+            SPLIT_PAD=triton.next_power_of_2(num_splits), num_warps=1, **launch_kwargs(q.device, options.pdl),
         )
     return out
-
-
-@triton.jit
-def _write_kv_kernel(
-    k_ptr, v_ptr, cache_ptr, slot_ptr, stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_c, stride_cs, stride_ch,
-    NUM_KV_HEADS: tl.constexpr, KH_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, PDL: tl.constexpr,
-):
-    wait_prior(PDL)
-    t = tl.program_id(0).to(tl.int64)
-    slot = tl.load(slot_ptr + t).to(tl.int64)
-    h = tl.arange(0, KH_PAD)
-    d = tl.arange(0, HEAD_DIM)
-    ok = (h[:, None] < NUM_KV_HEADS) & (slot >= 0)
-    k = tl.load(k_ptr + t * stride_kt + h[:, None] * stride_kh + d[None, :], mask=ok)
-    v = tl.load(v_ptr + t * stride_vt + h[:, None] * stride_vh + d[None, :], mask=ok)
-    dst = cache_ptr + slot * stride_cs + h[:, None] * stride_ch + d[None, :]
-    tl.store(dst, k, mask=ok)
-    tl.store(dst + stride_c, v, mask=ok)
-
-
-def triton_write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Fused write_kv: K/V [T, KH, D] into their slots in one launch (negative slot = skip)."""
-    num_tokens, num_kv_heads, head_dim = k.shape
-    if num_tokens == 0:
-        return
-    assert k.stride(-1) == 1 and v.stride(-1) == 1 and kv_cache.stride(-1) == 1
-    _write_kv_kernel[(num_tokens,)](
-        k, v, kv_cache, slot_mapping, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
-        NUM_KV_HEADS=num_kv_heads, KH_PAD=triton.next_power_of_2(num_kv_heads), HEAD_DIM=head_dim,
-        num_warps=1 if num_kv_heads * head_dim <= 256 else 4, **launch_kwargs(k.device),
-    )

@@ -20,22 +20,16 @@ follows:
     to one of these kernels: make it on the CPU, or with a copy.)
   * `wait_prior(PDL)` waits for the previous kernel, then lets the next kernel launch.
 Kernels from torch or cuBLAS are launched without PDL and wait for everything before them as usual.
-VERISPEC_PDL=0 turns it off (for an A/B measurement or a suspected race).
+KernelOptions(pdl=False) turns it off (for an A/B measurement or a suspected race): every kernel
+entry point passes its options' `pdl` to launch_kwargs.
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
+import triton
+import triton.language as tl
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-_OFF = os.environ.get("VERISPEC_PDL", "1") == "0"  # read once: launch_kwargs runs at every launch
 _SM90: dict[int, bool] = {}
 _ON, _NO = {"PDL": True, "launch_pdl": True}, {"PDL": False}  # never mutated (callers unpack them)
 
@@ -50,14 +44,16 @@ def hopper_or_newer(device: torch.device) -> bool:
     return _SM90[idx]
 
 
-def pdl_enabled(device: torch.device) -> bool:
-    """True where kernels on `device` are launched with PDL (CUDA, compute capability >= 9.0)."""
-    return not _OFF and hopper_or_newer(device)
+def pdl_enabled(device: torch.device, pdl: bool = True) -> bool:
+    """True where kernels on `device` are launched with PDL: `pdl` (KernelOptions.pdl) on a CUDA
+    device of compute capability >= 9.0."""
+    return pdl and hopper_or_newer(device)
 
 
-def launch_kwargs(device: torch.device) -> dict:
-    """Keyword arguments for a Triton launch: the kernel's PDL constexpr and the launch flag."""
-    return _ON if pdl_enabled(device) else _NO
+def launch_kwargs(device: torch.device, pdl: bool = True) -> dict:
+    """Keyword arguments for a Triton launch: the kernel's PDL constexpr and the launch flag
+    (`pdl`: KernelOptions.pdl of the caller)."""
+    return _ON if pdl and hopper_or_newer(device) else _NO
 
 
 @triton.jit

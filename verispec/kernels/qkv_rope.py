@@ -16,20 +16,15 @@ activation dtype once, then rotated in float32 and rounded again.
 
 from __future__ import annotations
 
-import os
-
 import torch
+import triton
+import triton.language as tl
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from verispec.core.options import DEFAULT_OPTIONS, KernelOptions
+from verispec.kernels.linear import input_row
+from verispec.kernels.pdl import launch_kwargs, wait_prior
 
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-from verispec.kernels.linear import input_row  # noqa: E402
-from verispec.kernels.pdl import launch_kwargs, wait_prior  # noqa: E402
-
-NORM_PAIRS = 1  # pairs per program with a norm prologue (1: replay 1,198 us; 2: 1,211; 4: 1,277)
+NORM_PAIRS = 1  # rotary pairs per program with a norm prologue (more were slower: docs/BENCHMARKS.md)
 
 
 @triton.jit
@@ -98,7 +93,7 @@ def qkv_rope_write_kv(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, positions: torch.Tensor,
     cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
     num_heads: int, num_kv_heads: int, head_dim: int, norm: tuple[torch.Tensor, float] | None = None,
-    residual: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None, options: KernelOptions = DEFAULT_OPTIONS,
 ):
     """q [M, H, D] rotated, with k (rotated) and v written into kv_cache [2, slots, KH, D] at
     slot_mapping. weight [(H + 2 KH) * D, K] stacks q, k and v; cos / sin: float32 [max_pos, D/2].
@@ -124,6 +119,6 @@ def qkv_rope_write_kv(
         kv_cache.stride(2), K=k, K_PAD=k_pad, HALF=half, NUM_Q=num_heads, NUM_KV=num_kv_heads,
         BLOCK_P=block_p, M_PAD=triton.next_power_of_2(m), HAS_BIAS=bias is not None, NORM=norm is not None,
         HAS_RES=residual is not None, num_warps=max(2, min(8, 2 * block_p * k_pad // 2048)),
-        **launch_kwargs(x.device),
+        **launch_kwargs(x.device, options.pdl),
     )
     return q if norm is None else (q, rout)

@@ -1,0 +1,48 @@
+"""KernelOptions: the tuning of the CUDA kernel path, one frozen object given to whoever launches kernels.
+
+The model (models/kernel_path.enable_triton), the Triton attention backend (attention/triton.py) and
+the CUDA-graph runner (worker/graphs.py) get it when they are built, and every kernel entry point in
+verispec/kernels takes it as `options=`; nothing on the hot path reads a module global or the
+environment. The defaults are the measured best on the H200 (docs/BENCHMARKS.md); an A/B run builds a
+variant with dataclasses.replace (scripts/step_ablation.py, scripts/step_trace.py) and switches a
+model onto it before its engine or graph runner is built:
+
+    enable_triton(model, options=KernelOptions(pdl=False))  # e.g. isolated kernel times, or a suspected race
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class KernelOptions:
+    """Fields are grouped by their user; each says what it changes and where its default comes from."""
+
+    # Every Triton kernel (kernels/pdl.py): programmatic dependent launch on Hopper and newer. Off only
+    # to time kernels in isolation (`verispec bench profile --no-pdl`) or to rule out a race: the
+    # batch-1 replay is 1,250 us without it against 1,092 with it (BENCHMARKS.md, session 7).
+    pdl: bool = True
+
+    # The Triton attention backend (attention/triton.py, kernels/paged_attention.py).
+    attn_programs_per_sm: int = 2  # split-K aims at this many programs per SM (2 beat 1 and 4: session 4)
+    attn_num_splits: int | None = None  # force the split-K factor (A/B); None: from shapes (graph-safe)
+    # L2 prefetch of the next MLP weight from the attention launch (kernels/l2_prefetch.py): how much of
+    # gate_up is asked for (0: off; 4 MB beat 0..48 MB), and only in steps of at most this many
+    # sequences and tokens (more lost: session 7).
+    l2_prefetch_bytes: int = 4 << 20
+    l2_prefetch_max_seqs: int = 2
+    l2_prefetch_max_rows: int = 8
+
+    # Linear layers (kernels/linear.py): rows splitk_min_rows..splitk_max_rows take the split-K GEMM,
+    # cuBLAS above (33..64 won against cuBLAS; 32, 128 and 256 rows lost: session 5).
+    splitk_min_rows: int = 33
+    splitk_max_rows: int = 64
+
+    # CUDA graphs (worker/graphs.py): stage a replay's inputs (and fill its placeholders) with one
+    # kernel; False: the torch copies and fills (session 6: the kernel won at batch 1 and in host
+    # time per call; a batch-16 speculative run was within the spread either way).
+    stage_kernel: bool = True
+
+
+DEFAULT_OPTIONS = KernelOptions()
