@@ -1,8 +1,10 @@
-"""Paged attention: per-step metadata and the plain-torch reference backend.
+"""The plain-torch attention backend: the reference every kernel is tested against, and the CPU path.
 
 The KV cache of one layer is a tensor [2, num_slots, num_kv_heads, head_dim] where a slot is
 block_id * block_size + offset. Each step first writes the new tokens' K/V into their slots, then
-every query attends to its sequence's context (cached tokens + this step's tokens), causally.
+every query attends to its sequence's context (cached tokens + this step's tokens), causally. The
+reference gathers each sequence's keys with padded host-built indices (build_reference_indices),
+which a CUDA graph would bake in: it runs eagerly only (supports_graphs False).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from verispec.attention.backend import AttentionBackend
 from verispec.core.attention_metadata import AttentionMetadata
 
 
@@ -70,3 +73,20 @@ def reference_attention(
     out = F.scaled_dot_product_attention(qp, k, v, attn_mask=meta.attn_mask, scale=scale)
     out = out.transpose(1, 2).reshape(-1, num_heads, head_dim)  # [B*Q, H, D]
     return out[meta.q_unpad_idx]
+
+
+class ReferenceBackend(AttentionBackend):
+    """reference_attention over metadata carrying build_reference_indices' gather indices; K/V
+    written by write_kv; rotary by the model's torch module."""
+
+    name = "reference"
+    needs_reference_indices = True
+
+    def prepare_metadata(self, query_lens, seq_lens, block_tables, block_size, device, causal=True, kv_starts=None):
+        return build_reference_indices(query_lens, seq_lens, block_tables, block_size, device, causal, kv_starts)
+
+    def write_kv(self, kv_cache, k, v, slot_mapping) -> None:
+        write_kv(kv_cache, k, v, slot_mapping)
+
+    def forward(self, q, kv_cache, meta, scale, prefetch=None):
+        return reference_attention(q, kv_cache, meta, scale)
