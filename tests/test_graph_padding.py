@@ -1,7 +1,7 @@
 """Verify steps with mixed draft counts replay the (batch, 1 + k) graph: the runner pads every chunk
 to 1 + k queries (ModelRunner._pad). On CPU the graph runner's capture=False mode runs the same
 padded static-buffer forward eagerly, so padded and unpadded runs of the same engine must give
-identical tokens and acceptance counters. Both runs use tiny.metadata_attention (the Triton
+identical tokens and acceptance counters. Both runs use tiny.MetadataBackend (the Triton
 kernel's contract in torch; the interpreter is too slow for whole engine runs): the only difference
 is the padding. The kernel itself on padded chunks: test_kernels.py::test_padding_queries_before_chunk."""
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from parity import SPECS, STRESS, run_scenario, scenario_params, scenario_prompts
-from tiny import metadata_attention, tiny_config, tiny_engine, tiny_model
+from tiny import MetadataBackend, tiny_config, tiny_engine, tiny_model
 
 from verispec.worker.graphs import CudaGraphRunner
 from verispec.worker.inputs import allocate_kv_cache
@@ -20,13 +20,13 @@ K = SPECS["ngram"]["num_speculative_tokens"]
 
 
 def build(graphs: bool):
-    """An engine factory for run_scenario: a fresh tiny model on metadata_attention; with graphs, the
+    """An engine factory for run_scenario: a fresh tiny model on MetadataBackend; with graphs, the
     runner gets an eager (capture=False) CudaGraphRunner whose scratch block is one extra cache
     block that the BlockManager does not know about."""
 
     def make(spec, async_scheduling):
         model = tiny_model(tiny_config(vocab=VOCAB))
-        model.attn_fn = metadata_attention
+        model.attn_backend = MetadataBackend()
         eng = tiny_engine(model, spec=spec, async_scheduling=async_scheduling, max_num_seqs=8, **STRESS)
         if graphs:
             r, c = eng.runner, model.config
@@ -65,7 +65,7 @@ class _ReplayByRerun:
         self.runner, self.b, self.q, self.outs = runner, b, q, outs
 
     def replay(self) -> None:
-        hidden, captured = self.runner._forward(self.b, self.q)
+        hidden, captured = self.runner._forward((self.b, self.q))
         for dst, src in zip(self.outs, [hidden, *captured], strict=True):
             dst.copy_(src)
 
@@ -76,16 +76,17 @@ def test_lazy_capture_on_first_use(monkeypatch):
     equals the eager padded forward."""
     from verispec.worker.inputs import SeqChunk, build_batch
 
-    def fake_capture(self, b, q, error_mode):
+    def fake_capture(self, key, error_mode):
         assert error_mode == "thread_local"
-        self._fill(0, b, q)  # as the real capture: padding rows only
-        hidden, captured = self._forward(b, q)
-        self.graphs[(b, q)] = (_ReplayByRerun(self, b, q, [hidden, *captured]), hidden, captured)
+        b, q = key
+        self._pad(key)  # as the real capture: padding rows only
+        hidden, captured = self._forward(key)
+        self.graphs[key] = (_ReplayByRerun(self, b, q, [hidden, *captured]), hidden, captured)
 
     monkeypatch.setattr(CudaGraphRunner, "_capture", fake_capture)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     model = tiny_model(tiny_config(vocab=VOCAB))
-    model.attn_fn = metadata_attention
+    model.attn_backend = MetadataBackend()
     c = model.config
     kv = allocate_kv_cache(c.num_layers, 12, 4, c.num_kv_heads, c.head_dim, torch.float32, "cpu")
     for t in kv:
@@ -138,7 +139,7 @@ def test_stage_kernel_matches_torch_copies(n, b, q, width):
 def _two_runners(max_batch: int) -> list[CudaGraphRunner]:
     """Two uncaptured graph runners over one tiny model (block size 4, query lengths 1 and 3)."""
     model = tiny_model(tiny_config(vocab=VOCAB))
-    model.attn_fn = metadata_attention
+    model.attn_backend = MetadataBackend()
     kv = allocate_kv_cache(model.config.num_layers, 12, 4, model.config.num_kv_heads, model.config.head_dim,
                            torch.float32, "cpu")
     return [CudaGraphRunner(model, kv, max_batch=max_batch, query_lens=(1, 3), block_size=4, max_blocks_per_seq=6,

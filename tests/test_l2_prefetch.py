@@ -9,6 +9,7 @@ import pytest
 import torch
 from test_kernels import make_batch
 
+from verispec.core.options import KernelOptions
 from verispec.kernels import l2_prefetch
 from verispec.kernels import paged_attention as pa
 from verispec.kernels.l2_prefetch import stacked_head
@@ -55,6 +56,24 @@ def test_stacked_head_refuses_cpu_weights():
     assert stacked_head(torch.zeros(4, 256, dtype=torch.bfloat16), 1 << 20) is None
 
 
+def test_backend_asks_only_in_small_steps():
+    """The Triton backend's option: options.l2_prefetch_bytes in steps of at most l2_prefetch_max_rows
+    tokens and l2_prefetch_max_seqs sequences, 0 otherwise; the reference backend never asks."""
+    from verispec.attention.reference import ReferenceBackend
+    from verispec.attention.triton import TritonBackend
+
+    def meta(seqs):
+        return make_batch([(1, 5)] * seqs, 16, 2, 64, torch.float32, "cpu", seed=seqs)[0]
+
+    default = TritonBackend()
+    assert default.l2_prefetch_bytes(1, meta(1)) == 4 << 20
+    assert default.l2_prefetch_bytes(8, meta(2)) == 4 << 20
+    assert default.l2_prefetch_bytes(9, meta(1)) == 0 and default.l2_prefetch_bytes(3, meta(3)) == 0
+    wide = TritonBackend(KernelOptions(l2_prefetch_bytes=1 << 20, l2_prefetch_max_seqs=4, l2_prefetch_max_rows=16))
+    assert wide.l2_prefetch_bytes(16, meta(4)) == 1 << 20 and wide.l2_prefetch_bytes(17, meta(4)) == 0
+    assert ReferenceBackend().l2_prefetch_bytes(1, meta(1)) == 0
+
+
 def test_prefetch_is_ignored_where_unsupported():
     """On the CPU (the interpreter has no inline PTX) the argument changes nothing."""
     meta, kv = make_batch([(1, 37), (1, 80)], 16, 2, 64, torch.float32, "cpu", seed=3)
@@ -98,7 +117,7 @@ def test_attention_with_prefetch_equals_without(shapes, splits):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs a CUDA device of compute capability >= 9.0")
-def test_decode_step_logits_unchanged_by_prefetch(monkeypatch):
+def test_decode_step_logits_unchanged_by_prefetch():
     """Two layers with the 1.5B's shapes and random weights, one-row decode steps (the path that
     passes the prefetch): the logits with the prefetch on equal those with it off, bit for bit."""
     import dataclasses
@@ -110,10 +129,9 @@ def test_decode_step_logits_unchanged_by_prefetch(monkeypatch):
     cfg = dataclasses.replace(shapes_for("qwen2.5-coder-1.5b-instruct"), num_layers=2)
     dev = torch.device("cuda")
     model = random_model(cfg, dev, torch.bfloat16)
-    enable_triton(model, True)
     logits = {}
     for mb in (0, 24):
-        monkeypatch.setattr(l2_prefetch, "PREFETCH_BYTES", mb << 20)
+        enable_triton(model, True, options=KernelOptions(l2_prefetch_bytes=mb << 20))
         kv = allocate_kv_cache(cfg.num_layers, 8, 16, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16, dev)
         ids, pos, meta = build_batch([SeqChunk(list(range(100, 141)), 0, list(range(8)))], 16, dev)
         model(ids, pos, meta, kv)

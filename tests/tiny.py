@@ -6,6 +6,7 @@ import functools
 
 import torch
 
+from verispec.attention.reference import ReferenceBackend
 from verispec.config import EngineConfig, ModelConfig, SpeculativeConfig
 from verispec.engine.builder import assemble_parts
 from verispec.engine.engine import LLMEngine
@@ -129,7 +130,7 @@ def trained_tiny_drafter(model: CausalLM, seqs: list[tuple[list[int], list[int]]
 
 def metadata_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta, scale: float) -> torch.Tensor:
     """triton_attention's contract in plain torch, reading only the metadata tensors (so, unlike
-    reference_attention, CudaGraphRunner(capture=False) accepts it; fast on CPU): query i of a
+    reference_attention, it can back a CudaGraphRunner(capture=False); fast on CPU): query i of a
     sequence with q_len queries sees context positions [0, seq_len - q_len + i]; a query with no
     visible key gets zeros."""
     out = torch.zeros_like(q)
@@ -148,3 +149,18 @@ def metadata_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta, scale: flo
         p = torch.nan_to_num(torch.softmax(s, -1), nan=0.0)  # rows without a visible key: zeros
         out[t0:t1] = torch.einsum("hql,lhd->qhd", p, v).to(q.dtype)
     return out
+
+
+class MetadataBackend(ReferenceBackend):
+    """An attention backend with the Triton backend's contract in plain torch (metadata_attention):
+    graph-safe by contract, no reference indices; K/V written as the reference writes them."""
+
+    name = "metadata"
+    supports_graphs = True
+    needs_reference_indices = False
+
+    def prepare_metadata(self, *args, **kwargs):
+        return {}
+
+    def forward(self, q, kv_cache, meta, scale, prefetch=None):
+        return metadata_attention(q, kv_cache, meta, scale)

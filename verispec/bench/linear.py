@@ -3,7 +3,7 @@
 For each of the model's weight shapes (fused qkv, o, fused gate_up with SiLU-and-mul, down, lm_head)
 and each row count M, times torch (F.linear, plus the separate SiLU-and-mul kernel for gate_up) and
 verispec's path (verispec.kernels.linear: the weight-resident GEMV for M <= GEMV_MAX_ROWS, the skinny
-Triton kernel up to SKINNY_MAX_ROWS where it wins, the split-K kernel up to SPLITK_MAX_ROWS, else torch);
+Triton kernel up to SKINNY_MAX_ROWS where it wins, the split-K kernel for KernelOptions.splitk_min_rows..splitk_max_rows rows, else torch);
 from SKINNY_MAX_ROWS rows up also the split-K kernel with splitk_config's tiles, whatever the dispatch. Each timed call reads a different copy of the weight (copies totalling > 4x the L2 cache),
 so the figures are HBM bandwidth, not cache bandwidth; the calls are replayed from a CUDA graph, as
 in the engine, so they are GPU time without Python launch overhead. --sweep also tries a grid of tile sizes for

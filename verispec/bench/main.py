@@ -126,6 +126,8 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--batch-sizes", type=_ints, default=[1])
     p.add_argument("--query-len", type=int, default=1, help="new tokens per sequence (1 + k for verify)")
     p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--no-pdl", action="store_true",
+                   help="launch the kernels without programmatic dependent launch (isolated kernel times)")
     p = kinds.add_parser("serve", help="streaming clients against a running OpenAI-compatible server")
     try:
         from verispec.bench.serve import add_arguments  # needs httpx
@@ -233,10 +235,12 @@ def _kernels(args) -> int:
         res["rows"] = run_linear(bm.config, args.rows, bm.device, bm.dtype, args.sweep)
     else:
         from verispec.bench.profile import format_profile, run_profile
+        from verispec.core.options import KernelOptions
 
         res["rows"] = []
+        options = KernelOptions(pdl=not args.no_pdl)
         for b in args.batch_sizes:
-            r = run_profile(bm.model, b, args.query_len, args.context)
+            r = run_profile(bm.model, b, args.query_len, args.context, options=options)
             print(format_profile(r), flush=True)
             res["rows"].append(r)
     if args.json:

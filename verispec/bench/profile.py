@@ -4,7 +4,8 @@ Builds the model's step for `batch` sequences of `query_len` new tokens at conte
 it eagerly under torch.profiler (the kernels are the ones a CUDA graph replays) and groups the
 kernel time per step by category (linear layers, attention, norms, rotary + KV write, SiLU-and-mul,
 LM head, copies, other). Then times the CUDA-graph replay of the same step; the gap between the
-replay time and the kernels' sum is launch and inter-kernel idle time.
+replay time and the kernels' sum is launch and inter-kernel idle time. `--no-pdl` runs the kernels
+with KernelOptions(pdl=False): isolated kernel times.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections import defaultdict
 import torch
 
 from verispec.bench.hardware import HBM_BYTES_PER_S, kv_bytes_per_token, weight_bytes_per_step
-from verispec.kernels.pdl import pdl_enabled
+from verispec.core.options import KernelOptions
 from verispec.models.qwen2 import CausalLM
 
 CATEGORIES = (  # (category, substrings of the kernel name), first match wins
@@ -52,15 +53,17 @@ def _step_inputs(model: CausalLM, batch: int, query_len: int, context: int, bloc
 
 
 def run_profile(model: CausalLM, batch: int, query_len: int, context: int, iters: int = 5,
-                block_size: int = 16) -> dict:
-    """Kernel-time breakdown per step (eager, profiled) and the graph replay's time for the same step."""
+                block_size: int = 16, options: KernelOptions | None = None) -> dict:
+    """Kernel-time breakdown per step (eager, profiled) and the graph replay's time for the same step,
+    the model's kernels run with `options` (None: the defaults)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from verispec.models.kernel_path import enable_triton
+    from verispec.kernels.pdl import pdl_enabled
+    from verispec.models.kernel_path import enable_triton, options_of
     from verispec.worker.graphs import CudaGraphRunner
 
     device = model.model.norm.weight.device
-    enable_triton(model)
+    enable_triton(model, options=options)
     kv, ids, pos, meta = _step_inputs(model, batch, query_len, context, block_size, device)
 
     @torch.inference_mode()
@@ -115,12 +118,12 @@ def run_profile(model: CausalLM, batch: int, query_len: int, context: int, iters
         "kernels": [dict(name=n_, per_step=c, us=us) for n_, c, us in kernels],
         "categories": [dict(category=k, kernels=c, us=us) for k, (c, us) in sorted(cats.items(), key=lambda x: -x[1][1])],
         "kernel_us": kernel_us, "graph_us": graph_us, "bytes_per_step": step_bytes,
-        "ideal_us": step_bytes / HBM_BYTES_PER_S * 1e6, "pdl": pdl_enabled(device),
+        "ideal_us": step_bytes / HBM_BYTES_PER_S * 1e6, "pdl": pdl_enabled(device, options_of(model).pdl),
     }
 
 
 PDL_NOTE = ("(programmatic dependent launch is on: a kernel's time includes its wait for the one before, so the "
-            "rows overlap; VERISPEC_PDL=0 gives isolated kernel times, the replay time is the step's)")
+            "rows overlap; --no-pdl gives isolated kernel times, the replay time is the step's)")
 
 
 def format_profile(res: dict, top: int = 25) -> str:

@@ -1,19 +1,59 @@
-"""Switch a model between its plain-torch path and the Triton kernels (CUDA tensors only)."""
+"""Switch a model between its plain-torch path and the Triton kernels (CUDA tensors only).
+
+The model code never imports a kernel module (nor triton): enable_triton builds a Kernels object,
+which imports them, and hands it to every module that calls kernels, together with the Triton
+attention backend; both carry one KernelOptions (core/options.py).
+"""
 
 from __future__ import annotations
 
 import torch
 
+from verispec.core.options import DEFAULT_OPTIONS, KernelOptions
 
-def enable_triton(model: torch.nn.Module, on: bool = True, attention: bool = True) -> None:
-    """Switch a CausalLM's norms, rotary, MLPs, KV write (and attention) to the Triton kernels.
 
-    The switched modules still use torch for CPU tensors. on=False restores the torch path."""
-    from verispec.attention.reference import reference_attention  # local: triton loads only with CUDA
-    from verispec.kernels.paged_attention import triton_attention
+class Kernels:
+    """The kernel entry points a switched-on model calls for CUDA tensors, and the options every call
+    passes (options=self.options). One per enable_triton call, shared by the model's modules."""
 
+    def __init__(self, options: KernelOptions = DEFAULT_OPTIONS) -> None:
+        from verispec.kernels import fused, linear, qkv_rope
+
+        self.options = options
+        self.linear, self.gemv, self.gate_up_silu = linear.linear, linear.gemv, linear.gate_up_silu
+        self.gemv_max_rows = linear.GEMV_MAX_ROWS  # steps of at most this many rows: the one-row path
+        self.rms_norm = fused.rms_norm
+        self.qkv_rope_write_kv = qkv_rope.qkv_rope_write_kv
+
+
+def enable_triton(model: torch.nn.Module, on: bool = True, attention: bool = True,
+                  options: KernelOptions | None = None) -> None:
+    """Switch a CausalLM's linear layers, norms, SiLU-mul and (attention=True) its attention backend
+    (attention, rotary + K/V write, L2 prefetch) to the Triton kernels, run with `options` (None:
+    the defaults). The switched modules still use torch for CPU tensors. on=False restores the
+    torch path and the reference backend."""
+    from verispec.attention.reference import ReferenceBackend
+
+    options = options or DEFAULT_OPTIONS
+    kernels = Kernels(options) if on else None
     for m in model.modules():
-        if hasattr(m, "use_triton"):
-            m.use_triton = on
+        if hasattr(m, "kernels"):
+            m.kernels = kernels
     if attention:
-        model.attn_fn = triton_attention if on else reference_attention
+        if on:
+            from verispec.attention.triton import TritonBackend
+
+            model.attn_backend = TritonBackend(options)
+        else:
+            model.attn_backend = ReferenceBackend()
+
+
+def options_of(model: torch.nn.Module) -> KernelOptions:
+    """The options a model's kernels run with (the defaults when it is on the torch path)."""
+    kernels = getattr(model, "kernels", None)
+    return kernels.options if kernels is not None else DEFAULT_OPTIONS
+
+
+def kernels_on(model: torch.nn.Module) -> bool:
+    """True when enable_triton switched the model on (and nothing switched it off since)."""
+    return getattr(model, "kernels", None) is not None

@@ -3,33 +3,35 @@
 forward(input_ids, positions, meta, kv_caches) works on a flat batch of tokens: every sequence's new
 tokens laid end to end, with AttentionMetadata saying where each sequence starts and which cache
 slots it owns. Parameter names follow Hugging Face so checkpoints load by name.
+
+Attention goes through the model's attention backend (attn_backend: attention/reference.py by
+default, attention/triton.py once models/kernel_path.enable_triton switched the model on), which
+also writes the K/V. The modules with a `kernels` attribute call the Triton kernels for CUDA tensors
+when it is set (a models/kernel_path.Kernels); this file imports no kernel module itself.
 """
 
 from __future__ import annotations
 
-import os
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from verispec.attention.reference import reference_attention, write_kv
+from verispec.attention.backend import AttentionBackend
+from verispec.attention.reference import ReferenceBackend
 from verispec.config import ModelConfig
 from verispec.core.attention_metadata import AttentionMetadata
-from verispec.kernels import l2_prefetch
-from verispec.kernels.l2_prefetch import Regions, stacked_head
-from verispec.kernels.linear import GEMV_MAX_ROWS, gate_up_silu, gemv, linear
-from verispec.kernels.paged_attention import triton_attention
-from verispec.kernels.qkv_rope import qkv_rope_write_kv
 from verispec.models.layers.norm import RMSNorm
 from verispec.models.layers.rotary import RotaryEmbedding
 
-# Batch-1 decode: RMSNorm in the next projection's prologue (VERISPEC_FUSE_NORM=0: separate kernels).
-FUSE_NORM = os.environ.get("VERISPEC_FUSE_NORM", "1") != "0"
+if TYPE_CHECKING:
+    from verispec.kernels.l2_prefetch import Regions
+    from verispec.models.kernel_path import Kernels
 
 
 class Attention(nn.Module):
-    use_triton = False  # skinny GEMV, fused rotary + KV-cache write kernels for CUDA tensors
+    kernels: Kernels | None = None  # set: the linear kernels for CUDA tensors
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -45,39 +47,30 @@ class Attention(nn.Module):
         self.qk_norm = cfg.qk_norm
         self.scale = cfg.head_dim**-0.5
 
-    def forward(self, x, positions, rotary: RotaryEmbedding, meta: AttentionMetadata, kv_cache, attn_fn,
-                prefetch: Regions | None = None):
-        """prefetch: weight regions the attention launch asks L2 for (triton_attention only)."""
+    def forward(self, x, positions, rotary: RotaryEmbedding, meta: AttentionMetadata, kv_cache,
+                backend: AttentionBackend, prefetch: Regions | None = None):
+        """prefetch: weight regions the attention launch asks L2 for (the Triton backend's option)."""
         t = x.shape[0]
-        fast = self.use_triton and x.is_cuda
-        qkv = (linear if fast else F.linear)(x, self.qkv_proj.weight, self.qkv_proj.bias)
+        k_ = self.kernels
+        if k_ is not None and x.is_cuda:
+            qkv = k_.linear(x, self.qkv_proj.weight, self.qkv_proj.bias, options=k_.options)
+        else:
+            qkv = F.linear(x, self.qkv_proj.weight, self.qkv_proj.bias)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        if fast and rotary.use_triton:
-            from verispec.kernels.fused import rotary_write_kv_
-
-            rotary_write_kv_(positions, q, k, v, rotary.cos, rotary.sin, kv_cache, meta.slot_mapping)
-        else:
-            q, k = rotary(positions, q, k)
-            write_kv(kv_cache, k, v, meta.slot_mapping)
-        out = call_attention(attn_fn, q, kv_cache, meta, self.scale, prefetch)
-        return (linear if fast else F.linear)(out.reshape(t, -1), self.o_proj.weight)
-
-
-def call_attention(attn_fn, q, kv_cache, meta: AttentionMetadata, scale: float, prefetch: Regions | None):
-    """attn_fn(q, kv_cache, meta, scale), passing prefetch only when there is one (only
-    triton_attention takes it)."""
-    if prefetch is None:
-        return attn_fn(q, kv_cache, meta, scale)
-    return attn_fn(q, kv_cache, meta, scale, prefetch=prefetch)
+        q = backend.rotary_write_kv(rotary, positions, q, k, v, kv_cache, meta.slot_mapping)
+        out = backend.forward(q, kv_cache, meta, self.scale, prefetch)
+        if k_ is not None and x.is_cuda:
+            return k_.linear(out.reshape(t, -1), self.o_proj.weight, options=k_.options)
+        return F.linear(out.reshape(t, -1), self.o_proj.weight)
 
 
 class MLP(nn.Module):
-    use_triton = False  # skinny GEMV with fused SiLU-and-mul for CUDA tensors
+    kernels: Kernels | None = None  # set: the GEMV / split-K kernels with fused SiLU-and-mul for CUDA tensors
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -89,12 +82,16 @@ class MLP(nn.Module):
         """What of gate_up an L2 prefetch of nbytes asks for (cached: the weight never moves)."""
         key = (nbytes, self.gate_up_proj.weight.data_ptr())
         if getattr(self, "_l2", (None, None))[0] != key:
+            from verispec.kernels.l2_prefetch import stacked_head  # once per weight (the Triton backend only)
+
             self._l2 = (key, stacked_head(self.gate_up_proj.weight, nbytes))
         return self._l2[1]
 
     def forward(self, x):
-        if self.use_triton and x.is_cuda:
-            return linear(gate_up_silu(x, self.gate_up_proj.weight), self.down_proj.weight)
+        k_ = self.kernels
+        if k_ is not None and x.is_cuda:
+            o = k_.options
+            return k_.linear(k_.gate_up_silu(x, self.gate_up_proj.weight, o), self.down_proj.weight, options=o)
         y = F.linear(x, self.gate_up_proj.weight)
         gate, up = y.chunk(2, dim=-1)
         return F.linear(F.silu(gate) * up, self.down_proj.weight)
@@ -108,45 +105,40 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, residual, positions, rotary, meta, kv_cache, attn_fn):
-        # Small steps' attention asks L2 for the head of gate_up's weight (kernels/l2_prefetch.py).
-        pf = None
-        if (attn_fn is triton_attention and x.shape[0] <= l2_prefetch.MAX_ROWS
-                and meta.query_start_loc.shape[0] <= l2_prefetch.MAX_SEQS + 1):
-            pf = self.mlp.l2_regions(l2_prefetch.PREFETCH_BYTES)
-        if (self.self_attn.use_triton and x.is_cuda and x.shape[0] <= GEMV_MAX_ROWS and rotary.use_triton
-                and not self.self_attn.qk_norm):
-            return self._forward_one_row(x, residual, positions, rotary, meta, kv_cache, attn_fn, pf)
+    def forward(self, x, residual, positions, rotary, meta, kv_cache, backend: AttentionBackend):
+        # Small steps' attention may ask L2 for the head of gate_up's weight (the backend decides).
+        nbytes = backend.l2_prefetch_bytes(x.shape[0], meta)
+        pf = self.mlp.l2_regions(nbytes) if nbytes else None
+        k_ = self.self_attn.kernels
+        if k_ is not None and x.is_cuda and x.shape[0] <= k_.gemv_max_rows and not self.self_attn.qk_norm:
+            return self._forward_one_row(x, residual, positions, rotary, meta, kv_cache, backend, pf)
         if residual is None:
             residual = x
             x = self.input_layernorm(x)
         else:
             x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(x, positions, rotary, meta, kv_cache, attn_fn, pf)
+        x = self.self_attn(x, positions, rotary, meta, kv_cache, backend, pf)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
-    def _forward_one_row(self, x, residual, positions, rotary, meta, kv_cache, attn_fn, pf: Regions | None):
-        """Batch-1 decode on CUDA in five kernels: [RMSNorm +] qkv + rotary + K/V write, attention
-        (+ its combine), o, [RMSNorm +] gate_up + SiLU-mul, down. Each bracketed norm runs in its
-        projection's prologue (FUSE_NORM), which saves a dependent kernel launch per norm. pf:
+    def _forward_one_row(self, x, residual, positions, rotary, meta, kv_cache, backend, pf: Regions | None):
+        """Batch-1 decode on CUDA in five kernels: RMSNorm + qkv + rotary + K/V write, attention
+        (+ its combine), o, RMSNorm + gate_up + SiLU-mul, down. Each norm runs in its projection's
+        prologue, which saves a dependent kernel launch per norm (separate norm kernels were slower:
+        docs/BENCHMARKS.md, session 4); the qkv kernel writes K/V into the paged cache itself. pf:
         what the attention launch asks L2 for (the head of gate_up's weight)."""
         attn, mlp, ln1, ln2 = self.self_attn, self.mlp, self.input_layernorm, self.post_attention_layernorm
-        args = (attn.qkv_proj.weight, attn.qkv_proj.bias, positions, rotary.cos, rotary.sin, kv_cache,
-                meta.slot_mapping, attn.num_heads, attn.num_kv_heads, attn.head_dim)
-        if FUSE_NORM:
-            q, residual = qkv_rope_write_kv(x, *args, norm=(ln1.weight, ln1.eps), residual=residual)
-        else:
-            x, residual = (ln1(x), x) if residual is None else ln1(x, residual)
-            q = qkv_rope_write_kv(x, *args)
-        a = call_attention(attn_fn, q, kv_cache, meta, attn.scale, pf)
-        o = linear(a.reshape(x.shape[0], -1), attn.o_proj.weight)
-        if FUSE_NORM:
-            y, residual = gemv(o, mlp.gate_up_proj.weight, silu_mul=True, norm=(ln2.weight, ln2.eps), residual=residual)
-        else:
-            h, residual = ln2(o, residual)
-            y = gate_up_silu(h, mlp.gate_up_proj.weight)
-        return linear(y, mlp.down_proj.weight), residual
+        k_ = attn.kernels
+        o_ = k_.options
+        q, residual = k_.qkv_rope_write_kv(
+            x, attn.qkv_proj.weight, attn.qkv_proj.bias, positions, rotary.cos, rotary.sin, kv_cache,
+            meta.slot_mapping, attn.num_heads, attn.num_kv_heads, attn.head_dim, norm=(ln1.weight, ln1.eps),
+            residual=residual, options=o_)
+        a = backend.forward(q, kv_cache, meta, attn.scale, pf)
+        o = k_.linear(a.reshape(x.shape[0], -1), attn.o_proj.weight, options=o_)
+        y, residual = k_.gemv(o, mlp.gate_up_proj.weight, silu_mul=True, norm=(ln2.weight, ln2.eps), residual=residual,
+                              options=o_)
+        return k_.linear(y, mlp.down_proj.weight, options=o_), residual
 
 
 class Backbone(nn.Module):
@@ -161,7 +153,12 @@ class Backbone(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """Decoder-only LM over a paged KV cache. Weights are frozen (inference only)."""
+    """Decoder-only LM over a paged KV cache. Weights are frozen (inference only).
+
+    attn_backend: the attention backend its layers use; kernels: set by enable_triton (the LM head's
+    GEMV for CUDA tensors, and the options the model's kernels run with)."""
+
+    kernels: Kernels | None = None
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -170,7 +167,7 @@ class CausalLM(nn.Module):
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
-        self.attn_fn = reference_attention
+        self.attn_backend: AttentionBackend = ReferenceBackend()
         self.requires_grad_(False)
 
     @property
@@ -194,7 +191,7 @@ class CausalLM(nn.Module):
         residual = None
         captured: list[torch.Tensor] = []
         for i, layer in enumerate(self.model.layers):
-            x, residual = layer(x, residual, positions, self.rotary, meta, kv_caches[i], self.attn_fn)
+            x, residual = layer(x, residual, positions, self.rotary, meta, kv_caches[i], self.attn_backend)
             if i in capture_layers:
                 captured.append(x + residual)
         x, _ = self.model.norm(x, residual)
@@ -202,8 +199,9 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Logits in float32 for the given hidden states (written into `out` if given)."""
-        if self.model.norm.use_triton and hidden.is_cuda:
-            return linear(hidden, self.lm_head_weight, out_dtype=torch.float32, out=out)
+        k_ = self.kernels
+        if k_ is not None and hidden.is_cuda:
+            return k_.linear(hidden, self.lm_head_weight, out_dtype=torch.float32, out=out, options=k_.options)
         logits = F.linear(hidden, self.lm_head_weight)
         return logits.float() if out is None else out.copy_(logits)
 

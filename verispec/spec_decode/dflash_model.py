@@ -187,10 +187,11 @@ class DFlashLayer(nn.Module):
         return rope(rotary, positions, k), v
 
     def forward_paged(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, meta,
-                      kv_cache: torch.Tensor, attn_fn) -> torch.Tensor:
+                      kv_cache: torch.Tensor, backend) -> torch.Tensor:
         """The engine's form: x [T, H] (blocks laid end to end), positions [T]. The block's K/V
-        are written to kv_cache at meta.slot_mapping, next to the context K/V already there, and
-        the queries attend through the paged backend (meta.causal False: bidirectional)."""
+        are written to kv_cache at meta.slot_mapping (store_kv: every slot is valid, so no mask and
+        no sync), next to the context K/V already there, and the queries attend through the target's
+        paged attention backend (attention/backend.py; meta.causal False: bidirectional)."""
         t, hsz = x.shape
         h = self.input_layernorm(x)
         q = self.q_norm(self.q_proj(h).view(t, self.nh, self.d))
@@ -198,7 +199,7 @@ class DFlashLayer(nn.Module):
         v = self.v_proj(h).view(t, self.kh, self.d)
         q, k = rotary(positions, q, k)
         store_kv(kv_cache, k, v, meta.slot_mapping)
-        out = attn_fn(q.to(kv_cache.dtype), kv_cache, meta, self.d**-0.5)
+        out = backend.forward(q.to(kv_cache.dtype), kv_cache, meta, self.d**-0.5)
         x = x + self.o_proj(out.reshape(t, self.nh * self.d).to(x.dtype))
         h = self.post_attention_layernorm(x)
         return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
@@ -257,12 +258,12 @@ class DFlashDrafter(nn.Module):
             store_kv(cache, k, v, slots)
 
     def forward_paged(self, block_emb: torch.Tensor, positions: torch.Tensor, meta, kv_caches: list[torch.Tensor],
-                      attn_fn) -> torch.Tensor:
+                      backend) -> torch.Tensor:
         """block_emb [T, H] (blocks end to end), positions [T] -> final hidden states [T, H];
         the context K/V must already be in kv_caches (see DFlashLayer.forward_paged)."""
         x = block_emb
         for layer, cache in zip(self.layers, kv_caches, strict=True):
-            x = layer.forward_paged(x, positions, self.rotary, meta, cache, attn_fn)
+            x = layer.forward_paged(x, positions, self.rotary, meta, cache, backend)
         return self.norm(x)
 
     def forward(self, block_emb, positions, ctx_kv, mask) -> torch.Tensor:

@@ -18,7 +18,9 @@ the context K/V of committed positions.
 
 All per-step integers travel in one host->device copy into a static buffer laid out per batch size;
 captured features are gathered into static buffers; then the graph (or the same code eagerly)
-writes context K/V, runs the drafter and the target's LM head: logits [b, k, V].
+writes context K/V, runs the drafter and the target's LM head: logits [b, k, V]. The graphs are
+worker/graphs.py's GraphRunner (its pool, capture and replay, the attention backend's hooks) over
+these static inputs (_StepGraphs); the drafter attends through the target's attention backend.
 """
 
 from __future__ import annotations
@@ -28,12 +30,11 @@ from dataclasses import dataclass
 
 import torch
 
-from verispec.attention.reference import build_reference_indices, reference_attention
 from verispec.core.attention_metadata import AttentionMetadata
 from verispec.core.placeholder import PLACEHOLDER
 from verispec.models.qwen2 import CausalLM
 from verispec.spec_decode.dflash_model import DFlashDrafter
-from verispec.worker.graphs import capture_graph, graph_batch_sizes
+from verispec.worker.graphs import GraphRunner, graph_batch_sizes
 from verispec.worker.inputs import Staging
 from verispec.worker.token_state import Owner, gather_plan
 
@@ -94,12 +95,18 @@ class DFlashStepRunner:
         self.feats = [torch.zeros(self.max_rows * self.w, hsz, dtype=dtype, device=self.device)
                       for _ in cfg.target_layers]
         self.staging = Staging(self.device)
-        self.reference = target.attn_fn is reference_attention
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.backend = target.attn_backend
+        self.graph_runner: _StepGraphs | None = None
         self.batch_sizes: list[int] = []
-        if graph_max_batch > 0 and self.device.type == "cuda" and not self.reference:
+        if graph_max_batch > 0 and self.device.type == "cuda" and self.backend.supports_graphs:
             self.batch_sizes = graph_batch_sizes(min(graph_max_batch, self.max_rows))
-            self._capture_all()
+            self.graph_runner = _StepGraphs(self)
+            self.graph_runner.capture_all(sorted(self.batch_sizes, reverse=True))  # largest first, one pool
+
+    @property
+    def graphs(self) -> dict:
+        """The captured drafting graphs by batch size (empty: every step runs eagerly)."""
+        return self.graph_runner.graphs if self.graph_runner is not None else {}
 
     # ---- host layout -----------------------------------------------------------------------
     def _layout(self, b: int) -> _Layout:
@@ -163,8 +170,7 @@ class DFlashStepRunner:
         feats = torch.cat([f[: b * self.w] for f in self.feats], dim=-1)
         self.drafter.write_context(feats, v["ctx_pos"], v["ctx_slot"], self.kv)
         emb = self.target.embed(v["blk_ids"]).to(self.dtype)
-        attn = self.target.attn_fn
-        hidden = self.drafter.forward_paged(emb, v["blk_pos"], self._meta(b, ref), self.kv, attn)
+        hidden = self.drafter.forward_paged(emb, v["blk_pos"], self._meta(b, ref), self.kv, self.backend)
         hidden = hidden.view(b, self.big_b, -1)[:, 1 : 1 + self.k]
         return self.target.compute_logits(hidden.reshape(b * self.k, -1)).view(b, self.k, -1)
 
@@ -191,25 +197,30 @@ class DFlashStepRunner:
                 torch.index_select(src, 0, rows_t, out=dst[: len(feat_rows)])
         if ph_pos:
             lay.views["blk_ids"][pos_t] = flat[src_t]
-        graph = self.graphs.get(b)
-        if graph is not None:
-            graph[0].replay()
-            return graph[1][:n]
+        out = self.graph_runner.replay(b) if self.graph_runner is not None else None
+        if out is not None:
+            return out[0][:n]
         ref = None
-        if self.reference:
-            ref = build_reference_indices([self.big_b] * b, sec["seq_lens"], tables, self.bs, self.device,
-                                          causal=False, kv_starts=sec["kv_start"])
+        if self.backend.needs_reference_indices:
+            ref = self.backend.prepare_metadata([self.big_b] * b, sec["seq_lens"], tables, self.bs, self.device,
+                                                causal=False, kv_starts=sec["kv_start"])
         return self._forward(b, ref)[:n]
 
-    # ---- capture ---------------------------------------------------------------------------
-    @torch.inference_mode()
-    def _capture_all(self) -> None:
-        """One graph per batch size, largest first, into one pool; inputs are padding rows."""
-        torch.cuda.synchronize()
-        pool = torch.cuda.graph_pool_handle()
-        for b in sorted(self.batch_sizes, reverse=True):
-            sec, _ = self._host_sections([], b)
-            lay = self._layout(b)
-            self.ints[: lay.size].copy_(torch.tensor([x for n in _Layout.NAMES for x in sec[n]], dtype=torch.long))
-            self.graphs[b] = capture_graph(lambda b=b: self._forward(b), pool)
-        torch.cuda.synchronize()
+
+class _StepGraphs(GraphRunner):
+    """The drafting step's CUDA graphs, one per batch size: GraphRunner over DFlashStepRunner's
+    static buffers (its packed int64 sections and gathered features), inputs padding rows at capture."""
+
+    def __init__(self, step: DFlashStepRunner) -> None:
+        super().__init__(step.backend, capture=True, lazy=False)
+        self.step = step
+
+    def _pad(self, b: int) -> AttentionMetadata:
+        step = self.step
+        sec, _ = step._host_sections([], b)
+        lay = step._layout(b)
+        step.ints[: lay.size].copy_(torch.tensor([x for n in _Layout.NAMES for x in sec[n]], dtype=torch.long))
+        return step._meta(b)
+
+    def _forward(self, b: int) -> torch.Tensor:
+        return self.step._forward(b)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import torch
 
-from verispec.attention.reference import reference_attention
 from verispec.core.placeholder import PLACEHOLDER
 from verispec.core.request import Request
 from verispec.core.scheduler_output import SchedulerOutput
@@ -136,7 +135,7 @@ class DraftModelProposer(Proposer):
         return self._forward(chunks, combine_inputs(host_ids, owners, sources, self.device, self.faults))
 
     def _forward(self, chunks: list[SeqChunk], input_ids: torch.Tensor) -> torch.Tensor:
-        with_ref = self.model.attn_fn is reference_attention
+        with_ref = self.model.attn_backend.needs_reference_indices
         _, pos, meta = build_batch(chunks, self.block_size, self.device, token_ids=False, with_reference=with_ref,
                                    staging=self.staging)
         out = self.graphs.run(input_ids, pos, meta, len(chunks), meta.max_query_len) if self.graphs else None

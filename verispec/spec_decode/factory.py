@@ -35,9 +35,9 @@ def build_proposer(
         draft_tok, draft_cfg, draft = loader(sc.model, device, dtype)
         check_same_vocab(tokenizer, draft_tok, target.config.vocab_size, draft_cfg.vocab_size, sc.model)
         if torch.device(device).type == "cuda":
-            from verispec.models.kernel_path import enable_triton
+            from verispec.models.kernel_path import enable_triton, options_of
 
-            enable_triton(draft)
+            enable_triton(draft, options=options_of(target))  # the target's options (defaults unless an A/B set them)
         proposer = DraftModelProposer(draft, k, device, dtype, config.seed, graph_max_batch=graphs)
         return proposer, kv_bytes_per_block(draft_cfg, config.block_size, dtype)
     if sc.method == "dflash":

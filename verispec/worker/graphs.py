@@ -1,13 +1,19 @@
-"""CUDA graphs for decode / verify steps: capture each shape once, replay with fresh metadata.
+"""CUDA graphs: GraphRunner captures a forward once per shape and replays it; CudaGraphRunner is the
+one for a CausalLM's decode / verify steps (the target's and the draft model's), and the DFlash
+drafting step (spec_decode/dflash_step.py) is another GraphRunner over its own static inputs.
 
-A graph is captured per (padded batch size, query length) for batch sizes 1, 2, 4, ..., max_batch
-and each query length (1 for decode, 1 + k for verify), all into one memory pool: at start-up,
-largest first, or with lazy=True each the first time run() needs it (start-up then captures
-nothing: the engine's default, as a full capture costs seconds before the first token).
-Every replay copies the step's metadata (input ids, positions, slot_mapping, query_start_loc,
-seq_lens, block_tables) into the static buffers the graph reads, so nothing from the capture (or a
-previous step) is stale; the attention backend must be triton_attention, which reads all per-step
-values from those tensors (see verispec/kernels/paged_attention.py for that contract).
+GraphRunner keeps one memory pool and the graphs captured into it, keyed by shape: captured at
+start-up (capture_all, largest first) or with lazy=True each the first time it is needed (start-up
+then captures nothing: the engine's default, as a full capture costs seconds before the first
+token). Its user fills the static inputs with padding rows for a capture (_pad) and with the step
+before a replay; the attention backend is asked before each (prepare_for_capture /
+prepare_for_replay), and must read every per-step value from the metadata tensors
+(backend.supports_graphs; the Triton backend's contract is in verispec/kernels/paged_attention.py).
+
+CudaGraphRunner captures per (padded batch size, query length) for batch sizes 1, 2, 4, ...,
+max_batch and each query length (1 for decode, 1 + k for verify). Every replay copies the step's
+metadata (input ids, positions, slot_mapping, query_start_loc, seq_lens, block_tables) into the
+static buffers the graph reads, so nothing from the capture (or a previous step) is stale.
 
 Padding queries inside a row (a verify step whose requests carry fewer than k drafts) are the
 runner's business (ModelRunner._assemble): it hands run() uniform rows already.
@@ -21,22 +27,20 @@ last block of the cache; give the BlockManager num_blocks - 1).
 from __future__ import annotations
 
 import logging
-import os
 import time
-from typing import NamedTuple
+from collections.abc import Hashable
+from typing import Any, NamedTuple
 
 import torch
 
-from verispec.attention.reference import reference_attention
+from verispec.attention.backend import AttentionBackend
 from verispec.core.attention_metadata import AttentionMetadata
+from verispec.core.options import KernelOptions
+from verispec.models.kernel_path import options_of
 from verispec.models.qwen2 import CausalLM
 from verispec.worker.token_state import Placeholders, fill_placeholders
 
 log = logging.getLogger("verispec")
-# Stage a replay's inputs with one kernel on CUDA (VERISPEC_STAGE_KERNEL=0: the torch copies; A/B).
-STAGE_KERNEL = os.environ.get("VERISPEC_STAGE_KERNEL", "1") != "0"
-# The staging kernel also fills the step's placeholder inputs (else the runner's torch gather does).
-FOLD_PLACEHOLDERS = os.environ.get("VERISPEC_FOLD_PLACEHOLDERS", "1") != "0"
 
 
 def capture_graph(forward, pool, error_mode: str = "global"):
@@ -72,7 +76,80 @@ def graph_batch_sizes(max_batch: int) -> list[int]:
     return sizes + [max_batch]
 
 
-class CudaGraphRunner:
+class GraphRunner:
+    """CUDA graphs of one forward, one per shape key, captured into one memory pool and replayed.
+
+    Subclasses provide _pad(key) (fill the static inputs with padding rows for shape key; return the
+    static metadata the forward reads) and _forward(key) (the forward over the static inputs; its
+    outputs become the graph's static outputs). capture=False keeps the bookkeeping but captures
+    nothing (replay() then returns None, and the subclass runs the same forward eagerly)."""
+
+    def __init__(self, backend: AttentionBackend, capture: bool = True, lazy: bool = False) -> None:
+        if not backend.supports_graphs:
+            raise ValueError(f"CUDA graphs need an attention backend that reads every per-step value from the "
+                             f"metadata tensors (the {backend.name} backend bakes host indices)")
+        self.backend = backend
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.lazy = capture and lazy
+        self.graphs: dict[Hashable, tuple[Any, ...]] = {}  # key -> (graph, *the forward's outputs)
+        self.static_meta: dict[Hashable, AttentionMetadata] = {}  # key -> the metadata it was captured over
+        self.capture_seconds = 0.0
+
+    def _pad(self, key) -> AttentionMetadata:
+        raise NotImplementedError
+
+    def _forward(self, key):
+        raise NotImplementedError
+
+    def _capture(self, key, error_mode: str) -> None:
+        """Capture shape `key` over padding rows only."""
+        meta = self._pad(key)
+        self.backend.prepare_for_capture(meta)
+        graph, out = capture_graph(lambda: self._forward(key), self.pool, error_mode)
+        self.static_meta[key] = meta
+        self.graphs[key] = (graph, *out) if isinstance(out, tuple) else (graph, out)
+
+    @torch.inference_mode()
+    def capture_all(self, keys, progress: bool = False, desc: str = "capturing CUDA graphs") -> float:
+        """Capture every key in the given order (largest first: later ones reuse the pool); seconds."""
+        from tqdm import tqdm
+
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for key in tqdm(keys, desc=desc, disable=not progress):
+            self._capture(key, "global")
+        torch.cuda.synchronize()
+        secs = time.perf_counter() - start
+        self.capture_seconds += secs
+        return secs
+
+    def _capture_now(self, key) -> None:
+        """A lazy capture in the middle of a run: waits for the device (torch.cuda.graph does);
+        thread_local, so another thread's CUDA calls (a server) do not break the capture."""
+        start = time.perf_counter()
+        self._capture(key, "thread_local")
+        torch.cuda.synchronize()
+        self.capture_seconds += time.perf_counter() - start
+        log.debug("captured CUDA graph %s in %.2fs", key, time.perf_counter() - start)
+
+    def ensure(self, key) -> None:
+        """With lazy capture, capture `key` now if it is not yet (before its inputs are staged:
+        capturing rewrites the static buffers)."""
+        if self.lazy and key not in self.graphs:
+            self._capture_now(key)
+
+    def replay(self, key, meta: AttentionMetadata | None = None) -> tuple[Any, ...] | None:
+        """Replay `key` (its step already staged into the static buffers; meta: the step's metadata,
+        None: the graph's static one): the graph's static outputs, or None when it was not captured."""
+        entry = self.graphs.get(key)
+        if entry is None:
+            return None
+        self.backend.prepare_for_replay(meta if meta is not None else self.static_meta[key])
+        entry[0].replay()
+        return entry[1:]
+
+
+class CudaGraphRunner(GraphRunner):
     """Captured forwards of `model` over `kv_caches` for uniform-query-length batches."""
 
     def __init__(
@@ -89,12 +166,14 @@ class CudaGraphRunner:
         progress: bool = True,
         capture: bool = True,
         lazy: bool = False,
+        options: KernelOptions | None = None,
     ) -> None:
         """capture=False skips the graphs: run() then executes the same padded forward eagerly
         (for CPU tests, and to tell padding problems from capture problems). lazy=True captures
-        a shape on its first use (one device sync then) instead of all of them here."""
-        if model.attn_fn is reference_attention:
-            raise ValueError("CUDA graphs need model.attn_fn = triton_attention (the reference bakes host indices)")
+        a shape on its first use (one device sync then) instead of all of them here. options:
+        the staging kernel's (None: the model's, models/kernel_path.options_of)."""
+        super().__init__(model.attn_backend, capture, lazy)
+        self.options = options or options_of(model)
         self.model, self.kv_caches = model, kv_caches
         self.block_size, self.max_blocks = block_size, max_blocks_per_seq
         self.query_lens = tuple(sorted(set(query_lens)))
@@ -119,10 +198,13 @@ class CudaGraphRunner:
         self.logits = (
             torch.zeros(max_tokens, model.config.vocab_size, dtype=torch.float32, device=dev) if with_logits else None
         )
-        self.pool = torch.cuda.graph_pool_handle() if capture else None
-        self.lazy = capture and lazy
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, list[torch.Tensor]]] = {}
-        self.capture_seconds = self._capture_all(progress) if capture and not lazy else 0.0
+        self._stage_kernel = None  # kernels/graph_inputs.py's stage_graph_inputs, on CUDA (options.stage_kernel)
+        if self.options.stage_kernel and dev.type == "cuda":
+            from verispec.kernels.graph_inputs import stage_graph_inputs
+
+            self._stage_kernel = stage_graph_inputs
+        if capture and not lazy:
+            self._capture_all(progress)
 
     # ---- capture ---------------------------------------------------------------------------
     def _meta(self, b: int, q: int) -> AttentionMetadata:
@@ -150,10 +232,8 @@ class CudaGraphRunner:
         src = (input_ids, positions, meta.slot_mapping, meta.query_start_loc, meta.seq_lens, meta.block_tables)
         dst = (self.input_ids, self.positions, self.slot_mapping, self.query_start_loc, self.seq_lens,
                self.block_tables)
-        if STAGE_KERNEL and self.input_ids.is_cuda and all(x.is_cuda for x in src):
-            from verispec.kernels.graph_inputs import stage_graph_inputs
-
-            stage_graph_inputs(src, dst, n, b, q, self.scratch_block, self.block_size, placeholders)
+        if self._stage_kernel is not None and all(x.is_cuda for x in src):
+            self._stage_kernel(src, dst, n, b, q, self.scratch_block, self.block_size, placeholders, self.options)
             return
         if placeholders is not None:
             fill_placeholders(input_ids, placeholders)
@@ -165,7 +245,8 @@ class CudaGraphRunner:
         self.seq_lens[:n].copy_(meta.seq_lens, non_blocking=True)
         self.block_tables[:n, : meta.block_tables.shape[1]].copy_(meta.block_tables, non_blocking=True)
 
-    def _forward(self, b: int, q: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def _forward(self, key: tuple[int, int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        b, q = key
         tp = b * q
         hidden, captured = self.model(
             self.input_ids[:tp], self.positions[:tp], self._meta(b, q), self.kv_caches, self.capture_layers
@@ -174,36 +255,18 @@ class CudaGraphRunner:
             self.model.compute_logits(hidden, out=self.logits[:tp])
         return hidden, captured
 
-    @torch.inference_mode()
-    def _capture_all(self, progress: bool) -> float:
-        from tqdm import tqdm
-
-        torch.cuda.synchronize()
-        start = time.perf_counter()
+    def _capture_all(self, progress: bool) -> None:
         shapes = sorted(((b, q) for q in self.query_lens for b in self.batch_sizes), key=lambda s: -s[0] * s[1])
-        for b, q in tqdm(shapes, desc="capturing CUDA graphs", disable=not progress):
-            self._capture(b, q, "global")
-        torch.cuda.synchronize()
-        secs = time.perf_counter() - start
+        secs = self.capture_all(shapes, progress)
         if progress:
             print(f"captured {len(shapes)} CUDA graphs (batch {self.batch_sizes} x query {self.query_lens}) in {secs:.1f}s")
-        return secs
 
-    def _capture(self, b: int, q: int, error_mode: str) -> None:
-        """Capture shape (b, q) over padding rows only (their K/V go to the scratch block)."""
+    def _pad(self, key: tuple[int, int]) -> AttentionMetadata:
+        """Shape (b, q) as padding rows only (their K/V go to the scratch block)."""
+        b, q = key
         self.query_start_loc[0] = 0
         self._fill(0, b, q)
-        graph, (hidden, captured) = capture_graph(lambda: self._forward(b, q), self.pool, error_mode)
-        self.graphs[(b, q)] = (graph, hidden, captured)
-
-    def _capture_now(self, b: int, q: int) -> None:
-        """A lazy capture in the middle of a run: waits for the device (torch.cuda.graph does);
-        thread_local, so another thread's CUDA calls (a server) do not break the capture."""
-        start = time.perf_counter()
-        self._capture(b, q, "thread_local")
-        torch.cuda.synchronize()
-        self.capture_seconds += time.perf_counter() - start
-        log.debug("captured CUDA graph (batch %d, query %d) in %.2fs", b, q, time.perf_counter() - start)
+        return self._meta(b, q)
 
     # ---- replay ----------------------------------------------------------------------------
     def padded_batch(self, num_seqs: int) -> int | None:
@@ -234,15 +297,11 @@ class CudaGraphRunner:
             or meta.block_tables.shape[1] > self.max_blocks or meta.block_size != self.block_size
         ):
             return None
-        if self.lazy and (b, query_len) not in self.graphs:
-            self._capture_now(b, query_len)  # before staging the inputs: capturing rewrites the buffers
+        key = (b, query_len)
+        self.ensure(key)  # before staging the inputs: capturing rewrites the buffers
         self._stage(input_ids, positions, meta, num_seqs, b, query_len, placeholders)
-        entry = self.graphs.get((b, query_len))
-        if entry is not None:
-            graph, hidden, captured = entry
-            graph.replay()
-        else:  # capture=False
-            hidden, captured = self._forward(b, query_len)
+        out = self.replay(key, meta)
+        hidden, captured = out if out is not None else self._forward(key)  # None: capture=False
         return GraphOutput(
             hidden[:t], [c[:t].clone() for c in captured], self.logits[:t] if self.logits is not None else None,
         )

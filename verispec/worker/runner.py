@@ -17,20 +17,18 @@ from typing import NamedTuple
 
 import torch
 
-from verispec.attention.reference import build_reference_indices, reference_attention
 from verispec.core.attention_metadata import AttentionMetadata
 from verispec.core.faults import NO_FAULTS, Faults
 from verispec.core.placeholder import PLACEHOLDER
 from verispec.core.sampling_params import any_params
 from verispec.core.scheduler_output import ScheduledRequest, SchedulerOutput
-from verispec.kernels.argmax import argmax_rows
 from verispec.models.qwen2 import CausalLM
-from verispec.worker import graphs as graphs_mod
 from verispec.worker.inputs import Staging, allocate_kv_cache, extend_slots, padded_tables, to_device
 from verispec.worker.sampler import (
     RowParams,
     apply_penalties,
     argmax,
+    argmax_with_counts,
     probs_from_logits,
     row_params,
     sample_key,
@@ -212,9 +210,10 @@ class ModelRunner:
         self._ones_by_n: dict[int, torch.Tensor] = {}
         self._arange_buf = torch.arange(32, device=device)
         if device.type == "cuda":
-            from verispec.models.kernel_path import enable_triton
+            from verispec.models.kernel_path import enable_triton, kernels_on
 
-            enable_triton(model)  # Triton attention, norms, rotary, SiLU-mul; the CPU path stays torch
+            if not kernels_on(model):  # a model switched on before (an A/B script) keeps its KernelOptions
+                enable_triton(model)  # Triton attention backend, linears, norms, SiLU-mul; the CPU path stays torch
             if graph_options is not None:
                 from verispec.worker.graphs import CudaGraphRunner
 
@@ -249,7 +248,7 @@ class ModelRunner:
         device and start one device->host copy of the results. Never waits for the device."""
         hb = self._assemble(sched)
         inp, ph = self._stage(hb, self._fault_sources(sched, sources))
-        if ph is not None and not (self.graphs and graphs_mod.FOLD_PLACEHOLDERS):
+        if ph is not None and not self.graphs:
             fill_placeholders(inp.ids, ph)
             ph = None
         # A replay fills the placeholders while staging its inputs (one kernel); else the gather does.
@@ -453,9 +452,10 @@ class ModelRunner:
         return idx
 
     def _reference_indices(self, hb: _HostBatch) -> dict[str, torch.Tensor]:
-        if self.model.attn_fn is not reference_attention:
+        backend = self.model.attn_backend
+        if not backend.needs_reference_indices:
             return {}
-        return build_reference_indices(hb.query_lens, hb.seq_lens, hb.tables, self.block_size, self.device)
+        return backend.prepare_metadata(hb.query_lens, hb.seq_lens, hb.tables, self.block_size, self.device)
 
     def _draft_tensor(
         self, ids_ext: torch.Tensor, host_ids: list[int], draft_idx: torch.Tensor, honest: bool = False
@@ -479,7 +479,7 @@ class ModelRunner:
         if drafts is None:
             if greedy:  # plain greedy decode: one logit row per request
                 if triton_argmax_ok(logits):  # the kernel writes the counts too (one kernel less)
-                    return argmax_rows(logits, with_counts=True), 1
+                    return argmax_with_counts(logits), 1
                 return torch.cat([logits.argmax(-1), self._ones(num)]), 1
             drafts = logits.new_empty((num, 0), dtype=torch.long)
         kmax = drafts.shape[1]

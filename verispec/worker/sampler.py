@@ -7,6 +7,7 @@ is in the batch.
 
 from __future__ import annotations
 
+import functools
 import zlib
 from dataclasses import dataclass
 
@@ -31,14 +32,26 @@ def triton_argmax_ok(logits: torch.Tensor) -> bool:
             and logits.shape[0] <= ARGMAX_TRITON_MAX_ROWS)
 
 
+@functools.cache
+def _argmax_rows():
+    """kernels/argmax.py's argmax_rows, imported on the first call (triton loads on the CUDA path only)."""
+    from verispec.kernels.argmax import argmax_rows
+
+    return argmax_rows
+
+
 def argmax(logits: torch.Tensor) -> torch.Tensor:
     """Row-wise argmax of logits [R, V] (first index on ties): the Triton kernels where
     triton_argmax_ok, torch otherwise."""
     if triton_argmax_ok(logits):
-        from verispec.kernels.argmax import argmax_rows
-
-        return argmax_rows(logits)
+        return _argmax_rows()(logits)
     return logits.argmax(-1)
+
+
+def argmax_with_counts(logits: torch.Tensor) -> torch.Tensor:
+    """[2R]: the row-wise argmax of logits [R, V], then R ones (a greedy decode step's packed
+    result), from the Triton kernels: call only where triton_argmax_ok(logits)."""
+    return _argmax_rows()(logits, with_counts=True)
 
 
 @dataclass

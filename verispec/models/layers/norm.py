@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
+if TYPE_CHECKING:
+    from verispec.models.kernel_path import Kernels
+
 
 class RMSNorm(nn.Module):
-    """y = x / rms(x) * weight, computed in float32. use_triton: fused kernel for CUDA tensors."""
+    """y = x / rms(x) * weight, computed in float32. kernels (set by enable_triton): the fused
+    kernel for CUDA tensors."""
 
-    use_triton = False
+    kernels: Kernels | None = None
 
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
@@ -18,10 +24,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """Without residual: norm(x). With residual: (norm(x + residual), x + residual)."""
-        if self.use_triton and x.is_cuda:
-            from verispec.kernels.fused import rms_norm
-
-            return rms_norm(x, self.weight, self.eps, residual)
+        k = self.kernels
+        if k is not None and x.is_cuda:
+            return k.rms_norm(x, self.weight, self.eps, residual, k.options)
         if residual is not None:
             x = x + residual
             residual = x

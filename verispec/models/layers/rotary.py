@@ -8,10 +8,7 @@ from torch import nn
 
 class RotaryEmbedding(nn.Module):
     """Applies rotary embeddings to q and k given absolute positions; cos/sin cached in float32.
-
-    use_triton: rotate in place with the fused kernel for CUDA tensors."""
-
-    use_triton = False
+    (On CUDA the Triton attention backend rotates inside its K/V write, reading cos / sin.)"""
 
     def __init__(self, head_dim: int, max_positions: int, theta: float) -> None:
         """Tables on the default device, but on the CPU inside `with torch.device("meta")`
@@ -27,10 +24,6 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q: [T, H, D], k: [T, KH, D], positions: [T] -> rotated (q, k)."""
-        if self.use_triton and q.is_cuda:
-            from verispec.kernels.fused import rotary_
-
-            return rotary_(positions, q, k, self.cos, self.sin)
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
