@@ -20,10 +20,10 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from verispec.attention.reference import reference_attention  # noqa: E402
+from verispec.attention.reference import ReferenceBackend, reference_attention  # noqa: E402
 from verispec.config import ModelConfig  # noqa: E402
-from verispec.kernels import fused  # noqa: E402
 from verispec.kernels import paged_attention as pa  # noqa: E402
+from verispec.models.kernel_path import enable_triton  # noqa: E402
 from verispec.models.qwen2 import CausalLM, build_model  # noqa: E402
 from verispec.worker.graphs import CudaGraphRunner  # noqa: E402
 from verispec.worker.inputs import SeqChunk, allocate_kv_cache, build_batch  # noqa: E402
@@ -99,7 +99,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def graph_checks(model: CausalLM, kv: list[torch.Tensor]) -> CudaGraphRunner:
     print("== (b) CUDA graph replay vs eager (1.5B shapes, random weights)", flush=True)
-    fused.enable_triton(model, True)
+    enable_triton(model, True)
     graphs = CudaGraphRunner(model, kv, max_batch=16, query_lens=(1, 1 + K), block_size=BS,
                              max_blocks_per_seq=512, with_logits=True)
     rows.append(("graph capture (s)", "", "", "", f"{graphs.capture_seconds:.1f}", "", ""))
@@ -122,9 +122,9 @@ def graph_checks(model: CausalLM, kv: list[torch.Tensor]) -> CudaGraphRunner:
                 bitwise &= torch.equal(g_hidden, p_out.hidden) and torch.equal(g_logits, p_out.logits)
                 h_eager, _ = model(ids, pos, meta, kv)
                 e_logits = model.compute_logits(h_eager)
-                model.attn_fn = reference_attention
+                triton_backend, model.attn_backend = model.attn_backend, ReferenceBackend()
                 h_ref, _ = model(ids, pos, meta, kv)
-                model.attn_fn = pa.triton_attention
+                model.attn_backend = triton_backend
                 worst_g = max(worst_g, rel(out.hidden, h_eager))
                 worst_r = max(worst_r, rel(h_eager, h_ref))
                 agree.append((g_logits.argmax(-1) == e_logits.argmax(-1)).float().mean().item())
@@ -177,7 +177,7 @@ def timing(model: CausalLM, kv: list[torch.Tensor], graphs: CudaGraphRunner) -> 
             kv_bytes = n * cfg.num_layers * 2 * ctx * cfg.num_kv_heads * cfg.head_dim * 2
             modes = step_fns(model, kv, graphs, ids, pos, meta, n, q, with_reference=n * q <= 5)
             for name, fn in modes.items():
-                fused.enable_triton(model, name != "eager reference")
+                enable_triton(model, name != "eager reference")
                 ms = timed(fn)
                 frac = (weight_bytes + kv_bytes) / (ms * 1e-3) / HBM
                 rows.append((name, n, q, ctx, f"{ms:.3f}", f"{n * q * 1e3 / ms:.0f}", f"{frac:.1%}"))

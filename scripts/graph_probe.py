@@ -16,7 +16,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from verispec.bench.common import random_model, shapes_for  # noqa: E402
-from verispec.kernels import fused  # noqa: E402
+from verispec.models.kernel_path import enable_triton  # noqa: E402
 from verispec.worker.graphs import CudaGraphRunner  # noqa: E402
 from verispec.worker.inputs import SeqChunk, allocate_kv_cache, build_batch  # noqa: E402
 
@@ -31,7 +31,7 @@ def main() -> int:
     cfg = shapes_for("qwen2.5-coder-1.5b-instruct")
     model = random_model(cfg, DEV, torch.bfloat16)
     kv = allocate_kv_cache(cfg.num_layers, NUM_BLOCKS, BS, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16, DEV)
-    fused.enable_triton(model, True)
+    enable_triton(model, True)
     g = CudaGraphRunner(model, kv, max_batch=16, query_lens=(1, 5), block_size=BS, max_blocks_per_seq=128,
                         with_logits=True)
     p = CudaGraphRunner(model, kv, max_batch=16, query_lens=(1, 5), block_size=BS, max_blocks_per_seq=128,
@@ -53,9 +53,9 @@ def main() -> int:
         hp, lp = op.hidden.clone(), op.logits.clone()
         he, _ = model(ids, pos, meta, kv)
         le = model.compute_logits(he)
-        fused.enable_triton(model, False)
+        enable_triton(model, False)
         hr, _ = model(ids, pos, meta, kv)
-        fused.enable_triton(model, True)
+        enable_triton(model, True)
         same = torch.equal(hg, hp) and torch.equal(lg, lp)
         agree = (lg.argmax(-1) == le.argmax(-1)).float().mean().item()
         print(f"n={n:2d} q={q}: graph==padded-eager {same} | rel(graph, padded) {rel(hg, hp):.1e} "

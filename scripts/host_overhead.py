@@ -38,9 +38,9 @@ import torch  # noqa: E402
 from tiny import tiny_config, tiny_engine, tiny_model  # noqa: E402
 
 from verispec import SamplingParams  # noqa: E402
-from verispec.models.layers import attention  # noqa: E402
+from verispec.attention import reference  # noqa: E402
 from verispec.sampling_params import RequestOutputKind  # noqa: E402
-from verispec.worker import inputs, runner  # noqa: E402
+from verispec.worker import inputs  # noqa: E402
 
 
 class ForwardTimer:
@@ -49,10 +49,11 @@ class ForwardTimer:
 
     def __init__(self, model) -> None:
         self.seconds = 0.0
-        self._restore = (model, attention.build_reference_indices)
+        self._restore = (model, reference.build_reference_indices)
         model.forward = self._timed(model.forward)
         model.compute_logits = self._timed(model.compute_logits)
-        inputs.build_reference_indices = runner.build_reference_indices = self._timed(attention.build_reference_indices)
+        # The reference backend's prepare_metadata (the runner) and build_batch (proposers) build them.
+        inputs.build_reference_indices = reference.build_reference_indices = self._timed(reference.build_reference_indices)
 
     def _timed(self, fn):
         def timed(*a, **kw):
@@ -67,7 +68,7 @@ class ForwardTimer:
     def close(self) -> None:
         model, ref = self._restore
         del model.forward, model.compute_logits  # back to the class's methods
-        inputs.build_reference_indices = runner.build_reference_indices = ref
+        inputs.build_reference_indices = reference.build_reference_indices = ref
 
 
 def prompts(batch: int, length: int) -> list[list[int]]:

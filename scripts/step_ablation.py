@@ -1,29 +1,30 @@
 """A/B of one decode step's CUDA-graph replay on the GPU: variants of the kernels side by side in
-one process, random weights with a registry model's shapes. Each variant is a patch of module
-switches (or a stand-in for one part of the step); its graphs are captured under the patch and the
-replays are timed in interleaved rounds, so drift hits every variant alike. Each variant's logits
-are compared with the first variant's (a race or a wrong merge shows as a large difference).
+one process, random weights with a registry model's shapes. Each variant is a KernelOptions
+(verispec/core/options.py) the model is switched onto (or a stand-in for one part of the step); its
+graphs are captured under it and the replays are timed in interleaved rounds, so drift hits every
+variant alike. Each variant's logits are compared with the first variant's (a race or a wrong merge
+shows as a large difference).
 
     python3 scripts/step_ablation.py --batch-sizes 1,64 --context 256 \
-        --variants base,meta-late,no-attention,splits=8,meta-late+splits=8
-Variants (comma-separated, the first is the reference; "+" joins patches):
+        --variants base,no-attention,splits=8,no-pdl+splits=8
+Variants (comma-separated, the first is the reference; "+" joins parts):
   base               the defaults
-  meta-late          attention reads its metadata after the PDL wait (META_EARLY off)
-  logits-cast        the LM head's output cast to float32 by a separate kernel
-  no-attention       attention replaced by returning q (what attention costs in the step)
-  splits=N           attention's split-K factor forced to N
-  pps=N              attention's PROGRAMS_PER_SM = N
-  splitk=R           the split-K GEMM for up to R rows (linear.SPLITK_MAX_ROWS = R)
-  splitk-min=R       the split-K GEMM from R rows (linear.SPLITK_MIN_ROWS = R)
-  no-pdl             programmatic dependent launch off
-  l2=MB              attention asks L2 for MB of the next gate_up weight (0: off)
-  l2rows=N           ... in steps of up to N tokens (l2_prefetch.MAX_ROWS)
-  l2seqs=N           ... in steps of up to N sequences (l2_prefetch.MAX_SEQS)
+  logits-cast        the LM head's output cast to float32 by a separate kernel (a stand-in)
+  no-attention       attention replaced by returning q (what attention costs in the step; a stand-in)
+  splits=N           attention's split-K factor forced to N (attn_num_splits)
+  pps=N              attention's split-K target: N programs per SM (attn_programs_per_sm)
+  splitk=R           the split-K GEMM for up to R rows (splitk_max_rows; 0: off)
+  splitk-min=R       the split-K GEMM from R rows (splitk_min_rows)
+  no-pdl             programmatic dependent launch off (pdl)
+  l2=MB              attention asks L2 for MB of the next gate_up weight (l2_prefetch_bytes; 0: off)
+  l2rows=N           ... in steps of up to N tokens (l2_prefetch_max_rows)
+  l2seqs=N           ... in steps of up to N sequences (l2_prefetch_max_seqs)
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 from pathlib import Path
@@ -32,60 +33,54 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from verispec.attention.triton import TritonBackend  # noqa: E402
 from verispec.bench.common import random_model, shapes_for  # noqa: E402
 from verispec.bench.profile import _step_inputs  # noqa: E402
-from verispec.kernels import fused, l2_prefetch, linear, pdl  # noqa: E402
-from verispec.kernels import paged_attention as pa  # noqa: E402
+from verispec.core.options import KernelOptions  # noqa: E402
+from verispec.kernels import linear  # noqa: E402
+from verispec.models.kernel_path import enable_triton  # noqa: E402
 from verispec.worker.graphs import CudaGraphRunner  # noqa: E402
 
+FIELDS = {"splits": ("attn_num_splits", int), "pps": ("attn_programs_per_sm", int),
+          "splitk": ("splitk_max_rows", int), "splitk-min": ("splitk_min_rows", int),
+          "l2": ("l2_prefetch_bytes", lambda mb: int(float(mb) * (1 << 20))),
+          "l2rows": ("l2_prefetch_max_rows", int), "l2seqs": ("l2_prefetch_max_seqs", int)}
 
-def patch(model, name: str) -> list[tuple[object, str, object]]:
-    """Apply variant `name`; return (object, attribute, old value) to undo it."""
-    undo: list[tuple[object, str, object]] = []
 
-    def setv(obj, attr, val):
-        undo.append((obj, attr, getattr(obj, attr)))
-        setattr(obj, attr, val)
+class NoAttention(TritonBackend):
+    """The Triton backend with attention replaced by returning q (its K/V write stays)."""
 
+    def forward(self, q, kv_cache, meta, scale, prefetch=None):
+        return q
+
+
+def variant(model, name: str) -> None:
+    """Switch `model` onto variant `name`: its KernelOptions, then its stand-ins."""
+    opts, standins = KernelOptions(), []
     for part in name.split("+"):
-        _patch_one(model, part, setv)
-    return undo
+        key, _, arg = part.partition("=")
+        if key == "base":
+            pass
+        elif key == "no-pdl":
+            opts = dataclasses.replace(opts, pdl=False)
+        elif key in FIELDS:
+            field, parse = FIELDS[key]
+            opts = dataclasses.replace(opts, **{field: parse(arg)})
+        elif key in ("logits-cast", "no-attention"):
+            standins.append(key)
+        else:
+            raise SystemExit(f"unknown variant {name!r}")
+    enable_triton(model, True, options=opts)
+    model.__dict__.pop("compute_logits", None)  # the class's method again
+    if "logits-cast" in standins:  # the LM head in x's dtype, then a separate cast kernel to float32
 
+        def cast_logits(h, out=None):
+            y = linear.linear(h, model.lm_head_weight, options=opts)
+            return y.float() if out is None else out.copy_(y)  # copy_ into the float32 buffer: the cast
 
-def _patch_one(model, name: str, setv) -> None:
-    key, _, arg = name.partition("=")
-    if key == "base":
-        pass
-    elif key == "meta-late":
-        setv(pa, "META_EARLY", False)
-    elif key == "logits-cast":  # the LM head in x's dtype, then a separate cast kernel to float32
-        setv(model, "compute_logits", lambda h: linear.linear(h, model.lm_head_weight).float())
-    elif key == "no-attention":
-        setv(model, "attn_fn", lambda q, kv, meta, scale: q)
-    elif key == "splits":
-        n = int(arg)
-        setv(pa, "pick_num_splits", lambda num_programs, device: n)
-    elif key == "pps":
-        setv(pa, "PROGRAMS_PER_SM", int(arg))
-    elif key == "splitk":
-        setv(linear, "SPLITK_MAX_ROWS", int(arg))
-    elif key == "splitk-min":
-        setv(linear, "SPLITK_MIN_ROWS", int(arg))
-    elif key == "l2":
-        setv(l2_prefetch, "PREFETCH_BYTES", int(float(arg) * (1 << 20)))
-    elif key == "l2seqs":
-        setv(l2_prefetch, "MAX_SEQS", int(arg))
-    elif key == "l2rows":
-        setv(l2_prefetch, "MAX_ROWS", int(arg))
-    elif key == "no-pdl":
-        setv(pdl, "_OFF", True)
-    else:
-        raise SystemExit(f"unknown variant {name!r}")
-
-
-def unpatch(undo) -> None:
-    for obj, attr, old in reversed(undo):
-        setattr(obj, attr, old)
+        model.compute_logits = cast_logits
+    if "no-attention" in standins:
+        model.attn_backend = NoAttention(opts)
 
 
 def main() -> int:
@@ -101,26 +96,23 @@ def main() -> int:
     dev = torch.device("cuda")
     cfg = shapes_for(args.model)
     model = random_model(cfg, dev, torch.bfloat16)
-    fused.enable_triton(model, True)
     names = args.variants.split(",")
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         kv, ids, pos, meta = _step_inputs(model, batch, args.query_len, args.context, 16, dev)
         runners, logits = {}, {}
         for name in names:
-            undo = patch(model, name)
-            try:
-                g = CudaGraphRunner(model, kv, max_batch=batch, query_lens=(args.query_len,), block_size=16,
-                                    max_blocks_per_seq=meta.block_tables.shape[1], with_logits=True,
-                                    progress=False, lazy=True)
-                out = g.run(ids, pos, meta, batch, args.query_len)
-                logits[name] = out.logits[: batch * args.query_len].float().clone()
-            finally:
-                unpatch(undo)
+            variant(model, name)  # the graph runner stages with the model's options
+            g = CudaGraphRunner(model, kv, max_batch=batch, query_lens=(args.query_len,), block_size=16,
+                                max_blocks_per_seq=meta.block_tables.shape[1], with_logits=True,
+                                progress=False, lazy=True)
+            out = g.run(ids, pos, meta, batch, args.query_len)
+            logits[name] = out.logits[: batch * args.query_len].float().clone()
             runners[name] = g
+        variant(model, "base")
         times: dict[str, list[float]] = {n: [] for n in names}
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         for _ in range(args.rounds):
-            for name in names:  # a replay runs the captured kernels: no patch needed now
+            for name in names:  # a replay runs the captured kernels (and stages with its runner's options)
                 g = runners[name]
                 for _ in range(5):
                     g.run(ids, pos, meta, batch, args.query_len)

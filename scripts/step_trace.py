@@ -6,18 +6,20 @@ decode steps it prints the median step wall time, the time the GPU was busy, and
 
     python3 scripts/step_trace.py --model qwen2.5-coder-1.5b-instruct --batch 1 --output-len 48 \
         --variants base,old  [--spec self --k 4: a speculative engine's steps]
-Variants (comma-separated; "+" joins switches; each gets a fresh engine, traced in turn):
+Variants (comma-separated; "+" joins parts; each gets a fresh engine, traced in turn, on the model
+switched onto the variant's KernelOptions, verispec/core/options.py):
   base             the defaults
-  torch-stage      the graph's inputs staged by torch copies and fills (graphs.STAGE_KERNEL off)
-  torch-argmax     torch.argmax instead of the Triton kernels (at any batch size)
-  torch-gather     placeholders filled by the runner's torch gather, not while staging the graph
-  no-l2            no L2 prefetch from the batch-1 attention (l2_prefetch.PREFETCH_BYTES = 0)
+  torch-stage      the graph's inputs staged by torch copies and fills (stage_kernel=False)
+  torch-argmax     torch.argmax instead of the Triton kernels, at any batch size (a stand-in: the
+                   argmax threshold is the sampler's, not a kernel option)
+  no-l2            no L2 prefetch from the batch-1 attention (l2_prefetch_bytes=0)
   old              torch-stage + torch-argmax (the engine before session 6's changes)
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 from collections import defaultdict
@@ -61,33 +63,32 @@ def busy_us(step: list[tuple[float, float, str]]) -> float:
     return total
 
 
-def patch(name: str) -> list[tuple[object, str, object]]:
-    """Apply variant `name`; return (object, attribute, old value) to undo it."""
-    from verispec.kernels import l2_prefetch
-    from verispec.worker import graphs, runner
+OPTIONS = {"torch-stage": {"stage_kernel": False}, "no-l2": {"l2_prefetch_bytes": 0}}
 
-    undo: list[tuple[object, str, object]] = []
+
+def variant(model, name: str) -> list[tuple[object, str, object]]:
+    """Switch `model` onto variant `name`'s KernelOptions (the engine's runner keeps them) and apply
+    its stand-ins; return (object, attribute, old value) to undo the stand-ins."""
+    from verispec.core.options import KernelOptions
+    from verispec.models.kernel_path import enable_triton
+    from verispec.worker import runner, sampler
+
     parts = name.split("+")
     if "old" in parts:
         parts = ["torch-stage", "torch-argmax"]
+    opts, undo = KernelOptions(), []
     for part in parts:
-        target = {"torch-stage": (graphs, "STAGE_KERNEL", False),
-                  "torch-argmax": (runner, "argmax", _torch_argmax),
-                  "torch-gather": (graphs, "FOLD_PLACEHOLDERS", False),
-                  "no-l2": (l2_prefetch, "PREFETCH_BYTES", 0)}.get(part)
-        if part == "base":
-            continue
-        if target is None:
+        if part in OPTIONS:
+            opts = dataclasses.replace(opts, **OPTIONS[part])
+        elif part == "torch-argmax":  # both callers' view of the threshold: never the kernels
+            for mod in (runner, sampler):
+                undo.append((mod, "triton_argmax_ok", mod.triton_argmax_ok))
+                mod.triton_argmax_ok = lambda logits: False
+        elif part != "base":
             raise SystemExit(f"unknown variant {part!r}")
-        obj, attr, val = target
-        undo.append((obj, attr, getattr(obj, attr)))
-        setattr(obj, attr, val)
+    if model.lm_head_weight.is_cuda:  # (on a CPU the engine stays on the torch path)
+        enable_triton(model, True, options=opts)
     return undo
-
-
-def _torch_argmax(logits: torch.Tensor, with_counts: bool = False) -> torch.Tensor:
-    top = logits.argmax(-1)
-    return torch.cat([top, torch.ones_like(top)]) if with_counts else top
 
 
 def main() -> int:
@@ -107,7 +108,7 @@ def main() -> int:
                for _ in range(args.batch)]
     rc = 0
     for name in args.variants.split(","):
-        undo = patch(name)
+        undo = variant(bm.model, name)
         try:
             rc |= trace(bm, prompts, args, name)
         finally:
