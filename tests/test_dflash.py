@@ -549,7 +549,7 @@ def test_cuda_graph_drafting_matches_eager(model, drafter_dir):
         cfg = EngineConfig(model="tiny", device="cuda", dtype="float32", max_num_batched_tokens=256,
                            num_gpu_blocks=256, max_num_seqs=8, async_scheduling=True,
                            speculative_config=SpeculativeConfig.from_dict(spec(drafter_dir, k=5)),
-                           extra={"enforce_eager": eager})
+                           enforce_eager=eager)
         eng = LLMEngine(cfg, assemble_parts(cfg, real_tokenizer(), gpu_model, torch.device("cuda"), torch.float32))
         assert bool(eng.proposer.step.graphs) != eager
         real, drafts = eng.proposer.propose, []

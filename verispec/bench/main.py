@@ -137,19 +137,20 @@ def add_bench_parser(sub) -> None:
 
 
 def _setup(args):
-    from verispec.bench.common import BenchSetup
+    from verispec.bench.models import BenchSetup
+    from verispec.config import EngineConfig
 
-    return BenchSetup(model=args.model, device=args.device, dtype=args.dtype, random_weights=args.random_weights,
-                      model_overrides=args.model_overrides, seed=args.seed,
-                      max_num_batched_tokens=args.max_num_batched_tokens,
-                      async_scheduling=False if args.sync_scheduling else None,
-                      spec_audit_rate=args.spec_audit_rate)
+    engine = EngineConfig(model=args.model, device=args.device, dtype=args.dtype, seed=args.seed,
+                          max_num_batched_tokens=args.max_num_batched_tokens,
+                          async_scheduling=False if args.sync_scheduling else None,
+                          spec_audit_rate=args.spec_audit_rate)
+    return BenchSetup(engine, args.random_weights, args.model_overrides)
 
 
 def run(args) -> dict:
     """Run the bench named by args.bench_kind; returns its full result dict (see report.py)."""
     from verispec.bench import hardware, peers, report
-    from verispec.bench.common import load_bench_model, load_draft
+    from verispec.bench.models import load_bench_model, load_draft
 
     bm = load_bench_model(_setup(args))
     compile_peer = not args.no_compile
@@ -220,7 +221,7 @@ def _kernels(args) -> int:
     """`bench linear` and `bench profile`: GPU-only micro views of a step."""
     import torch
 
-    from verispec.bench.common import load_bench_model
+    from verispec.bench.models import load_bench_model
 
     bm = load_bench_model(_setup(args))
     if bm.device.type != "cuda":
