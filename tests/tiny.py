@@ -102,7 +102,7 @@ def trained_tiny_drafter(model: CausalLM, seqs: list[tuple[list[int], list[int]]
     its greedy continuations): some drafts right, most wrong. Returns (drafter in eval mode, samples)."""
     from verispec.spec_decode.dflash_model import DFlashDrafter, new_config
     from verispec.train import data as dflash_data
-    from verispec.train import loop as dflash_train
+    from verispec.train import objective
 
     cfg = new_config(model, "tiny", mask_id, block_size=block_size, num_layers=1)
     samples = dflash_data.extract_features(model, seqs, tuple(cfg.target_layers), torch.float32, 4096)
@@ -112,7 +112,7 @@ def trained_tiny_drafter(model: CausalLM, seqs: list[tuple[list[int], list[int]]
     opt = torch.optim.AdamW(d.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(0)
     for _ in range(steps):
-        loss, _ = dflash_train.dflash_loss(d, model, dflash_train.make_batch(samples, anchors, cfg, gen))
+        loss, _ = objective.dflash_loss(d, model, objective.make_batch(samples, anchors, cfg, gen))
         opt.zero_grad()
         loss.backward()
         opt.step()

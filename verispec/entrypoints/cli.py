@@ -126,23 +126,28 @@ def build_parser() -> argparse.ArgumentParser:
     from verispec.bench.main import add_bench_parser
 
     add_bench_parser(sub)
-    from verispec.train.loop import add_train_parser
+    from verispec.train.cli import add_train_parser
 
     add_train_parser(sub)
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def dispatch(args: argparse.Namespace, func=None) -> int:
+    """Run a parsed command (func: instead of args.func); a ValueError or a missing file is a one-line
+    error with exit status 2, Ctrl-C exit status 130."""
     t0 = time.monotonic()
     try:
-        return args.func(args) or 0
+        return (func or args.func)(args) or 0
     except (ValueError, FileNotFoundError) as e:
         print(f"verispec: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"\nverispec: interrupted after {time.monotonic() - t0:.1f}s", file=sys.stderr)
         return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    return dispatch(build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":
