@@ -70,6 +70,10 @@ def option(default: Any, help: str, *, check: Callable[[Any], bool] | None = Non
     return field(default=default, metadata=meta)
 
 
+# What a field without option() metadata gets: its type checked, no flag on any command.
+_NO_META: dict[str, Any] = dict(help="", check=None, must=None, choices=None, supported=None, commands=())
+
+
 def _at_least(lo: int) -> dict[str, Any]:
     """option() keywords for an integer >= lo."""
     return dict(check=lambda v: v >= lo, must=f"an integer >= {lo}")
@@ -119,7 +123,7 @@ class _Checked:
     def check_field(cls, name: str, value: Any) -> None:
         """Raise ValueError (UnsupportedOption for a value not implemented yet) naming the field."""
         f = cls._field(name)
-        meta, types = f.metadata, cls._types()[name]
+        meta, types = {**_NO_META, **f.metadata}, cls._types()[name]
         optional = type(None) in types
         if meta["choices"] is not None:
             if value not in meta["choices"]:
@@ -148,7 +152,7 @@ class _Checked:
 
     @classmethod
     def help_of(cls, name: str) -> str:
-        return cls._field(name).metadata["help"]
+        return cls._field(name).metadata.get("help", "")
 
 
 @dataclass(frozen=True)

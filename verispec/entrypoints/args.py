@@ -73,7 +73,7 @@ def spec_json(text: str | None) -> dict | None:
 
 def engine_fields(command: str) -> list[dataclasses.Field]:
     """EngineConfig's fields that `command` (generate, serve or bench) has flags for."""
-    return [f for f in dataclasses.fields(EngineConfig) if command in f.metadata["commands"]]
+    return [f for f in dataclasses.fields(EngineConfig) if command in f.metadata.get("commands", ())]
 
 
 def add_engine_args(parser: argparse.ArgumentParser, command: str) -> None:
@@ -81,7 +81,7 @@ def add_engine_args(parser: argparse.ArgumentParser, command: str) -> None:
     group = parser.add_argument_group("engine options (EngineConfig; LLM(...) takes the same names)")
     types = EngineConfig._types()
     for f in engine_fields(command):
-        kw: dict[str, Any] = dict(dest=f.name, default=f.default, help=f.metadata["help"])
+        kw: dict[str, Any] = dict(dest=f.name, default=f.default, help=EngineConfig.help_of(f.name))
         allowed = types[f.name]
         if bool in allowed:
             kw["action"] = argparse.BooleanOptionalAction
@@ -89,7 +89,7 @@ def add_engine_args(parser: argparse.ArgumentParser, command: str) -> None:
             kw.update(type=spec_json, metavar="JSON")
         else:
             base = next(t for t in allowed if t is not type(None))
-            choices = f.metadata["choices"]
+            choices = f.metadata.get("choices")
             if choices:
                 kw["metavar"] = "{" + ",".join(str(c) for c in choices if c is not None) + "}"
             kw["type"] = _checked(base, lambda v, n=f.name: EngineConfig.check_field(n, v),
