@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from verispec.bench.common import random_model, shapes_for  # noqa: E402
+from verispec.bench.models import random_model, shapes_for  # noqa: E402
 from verispec.bench.profile import _step_inputs  # noqa: E402
 from verispec.kernels import fused, l2_prefetch, linear, pdl  # noqa: E402
 from verispec.kernels import paged_attention as pa  # noqa: E402
