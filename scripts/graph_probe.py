@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from verispec.bench.common import random_model, shapes_for  # noqa: E402
+from verispec.bench.models import random_model, shapes_for  # noqa: E402
 from verispec.models.kernel_path import enable_triton  # noqa: E402
 from verispec.worker.graphs import CudaGraphRunner  # noqa: E402
 from verispec.worker.inputs import SeqChunk, allocate_kv_cache, build_batch  # noqa: E402

@@ -107,7 +107,7 @@ def measure(model, batch: int, async_scheduling: bool, spec: dict | None, steps:
     eng = tiny_engine(
         model, spec=spec, async_scheduling=async_scheduling, max_num_seqs=max(batch, 1),
         max_num_batched_tokens=4096, num_gpu_blocks=batch * ((64 + steps * 6) // 16 + 4) + 16,
-        extra={"gc_freeze": gc_freeze},
+        gc_freeze=gc_freeze,
     )
     if not gc_freeze:
         gc.unfreeze()  # an earlier engine's freeze (runs of this script alternate) stays out of this one

@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from verispec.attention.triton import TritonBackend  # noqa: E402
-from verispec.bench.common import random_model, shapes_for  # noqa: E402
+from verispec.bench.models import random_model, shapes_for  # noqa: E402
 from verispec.bench.profile import _step_inputs  # noqa: E402
 from verispec.core.options import KernelOptions  # noqa: E402
 from verispec.kernels import linear  # noqa: E402

@@ -29,8 +29,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from verispec.bench.common import BenchSetup, drive, greedy, load_bench_model, make_engine  # noqa: E402
+from verispec.bench.drive import drive, greedy, make_engine  # noqa: E402
+from verispec.bench.models import BenchSetup, load_bench_model  # noqa: E402
 from verispec.bench.profile import category  # noqa: E402
+from verispec.config import EngineConfig  # noqa: E402
 
 
 def gpu_ops(prof) -> list[tuple[float, float, str]]:
@@ -102,7 +104,7 @@ def main() -> int:
     ap.add_argument("--spec", default="none", help="a speculative method (self, ngram): trace its engine steps")
     ap.add_argument("--k", type=int, default=4, help="speculative tokens per step (with --spec)")
     args = ap.parse_args()
-    bm = load_bench_model(BenchSetup(model=args.model, random_weights=True))
+    bm = load_bench_model(BenchSetup(EngineConfig(model=args.model), random_weights=True))
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, bm.config.vocab_size, (args.input_len,), generator=g).tolist()
                for _ in range(args.batch)]

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from verispec.bench import hardware
-from verispec.bench.common import local_gguf, shapes_for
+from verispec.bench.models import local_gguf, shapes_for
 from verispec.bench.prompts import humaneval_data_file, nano_vllm_recipe, read_jsonl
 from verispec.entrypoints.cli import main as cli
 
@@ -121,7 +121,7 @@ def test_drive_final_only_counts_match_streamed():
     import torch
     from tiny import tiny_engine, tiny_model
 
-    from verispec.bench.common import drive, greedy
+    from verispec.bench.drive import drive, greedy
 
     model = tiny_model()
     prompts = [[5 + i, 6, 7, 8 + i, 9][: 3 + i] for i in range(3)]

@@ -15,7 +15,7 @@ from verispec import SamplingParams
 from verispec.spec_decode.dflash import save_drafter
 from verispec.spec_decode.dflash_model import DFlashDrafter, new_config
 from verispec.train import data as dflash_data
-from verispec.train import loop as dflash_train
+from verispec.train import evaluate, objective
 
 VOCAB = tiny_config().vocab_size
 MASK_ID = VOCAB - 1
@@ -48,12 +48,12 @@ def drafter_dir(model, tmp_path_factory):
 def training_logits(model, drafter: DFlashDrafter, prompt: list[int], response: list[int],
                     anchors: list[int]) -> torch.Tensor:
     """Block logits [A, B, V] computed exactly as training does: teacher-forced target features
-    (dflash_data.extract_features), blocks packed by dflash_train.pack_blocks."""
+    (dflash_data.extract_features), blocks packed by objective.pack_blocks."""
     layers = tuple(drafter.config.target_layers)
     [sample] = dflash_data.extract_features(model, [(prompt, response)], layers, torch.float32, 4096)
-    batch = dflash_train.pack_blocks([sample], torch.tensor([anchors]), drafter.config)
+    batch = objective.pack_blocks([sample], torch.tensor([anchors]), drafter.config)
     with torch.no_grad():
-        hidden = dflash_train.block_hidden(drafter, model, batch)
+        hidden = objective.block_hidden(drafter, model, batch)
     return model.compute_logits(hidden).view(len(anchors), BLOCK, -1)
 
 
@@ -142,7 +142,7 @@ def test_acceptance_walk_equals_engine_counters(model, tmp_path):
     ps = [[rng.randrange(100, 3000) for _ in range(rng.randrange(5, 15))] for _ in range(4)]
     seqs = list(zip(ps, greedy_continuation(model, ps, 32), strict=True))
     d, samples = trained_tiny_drafter(model, seqs, BLOCK, MASK_ID, steps=40, lr=2e-2, anchors=16)
-    walk = dflash_train.acceptance_walk(d, model, samples)
+    walk = evaluate.acceptance_walk(d, model, samples)
     save_drafter(d, tmp_path, torch.float32)
 
     eng = tiny_engine(model, spec={"method": "dflash", "model": str(tmp_path), "num_speculative_tokens": BLOCK - 1})
@@ -154,4 +154,4 @@ def test_acceptance_walk_equals_engine_counters(model, tmp_path):
     assert sum(a > 0 for a in m["spec_decode_num_accepted_tokens_per_pos"]) >= 2  # runs of >= 2 accepted
     assert (walk["num_drafts"], walk["num_draft_tokens"], walk["num_accepted_tokens"], walk["accepted_per_pos"]) == (
         m["spec_decode_num_drafts"], m["spec_decode_num_draft_tokens"], m["spec_decode_num_accepted_tokens"], per_pos)
-    assert dflash_train.engine_walk(eng, seqs) == walk  # the eval script's check, with the engine's own drafter
+    assert evaluate.engine_walk(eng, seqs) == walk  # the eval script's check, with the engine's own drafter

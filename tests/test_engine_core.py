@@ -156,28 +156,28 @@ def test_bad_requests_rejected_cleanly(model):
 
 
 def test_gc_frozen_once_after_start_up(model, monkeypatch):
-    """The engine's default (extra gc_freeze on): one gc.freeze at the end of construction, so the
+    """The engine's default (gc_freeze on): one gc.freeze at the end of construction, so the
     engine itself is in the permanent generation; steps freeze nothing more. gc_freeze False: none."""
     import gc
 
     from verispec.config import EngineConfig
     from verispec.engine import builder as setup
 
-    assert setup.gc_freeze_enabled(EngineConfig(model="m"))
+    assert EngineConfig(model="m").gc_freeze
     calls = []
     real = gc.freeze
     monkeypatch.setattr(setup.gc, "freeze", lambda: (calls.append(1), real())[1])
     try:
         gc.unfreeze()
-        eng = tiny_engine(model, extra={})
+        eng = tiny_engine(model, gc_freeze=True)
         assert calls == [1] and gc.get_freeze_count() > 0
         assert not any(o is eng for o in gc.get_objects())  # frozen objects are not listed
         run_all(eng, prompts(2), GREEDY)
         assert calls == [1]
         gc.unfreeze()
-        eng = tiny_engine(model, extra={"gc_freeze": False})
+        eng = tiny_engine(model, gc_freeze=False)
         assert calls == [1] and gc.get_freeze_count() == 0 and any(o is eng for o in gc.get_objects())
         with pytest.raises(ValueError, match="gc_freeze"):
-            tiny_engine(model, extra={"gc_freeze": "yes"})
+            tiny_engine(model, gc_freeze="yes")
     finally:
         gc.unfreeze()  # later tests run with the collector as they found it

@@ -122,7 +122,7 @@ def test_decode_step_logits_unchanged_by_prefetch():
     passes the prefetch): the logits with the prefetch on equal those with it off, bit for bit."""
     import dataclasses
 
-    from verispec.bench.common import random_model, shapes_for
+    from verispec.bench.models import random_model, shapes_for
     from verispec.models.kernel_path import enable_triton
     from verispec.worker.inputs import SeqChunk, allocate_kv_cache, build_batch
 

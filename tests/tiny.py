@@ -46,24 +46,16 @@ def tiny_engine(
     model: CausalLM | None = None, spec: dict | None = None, draft_override: CausalLM | None = None, **kw
 ) -> LLMEngine:
     """An engine around a tiny model. kw override EngineConfig fields; draft_override is the model
-    that a draft_model speculative_config loads (instead of a registry name).
+    that a draft_model speculative_config drafts with (instead of loading its registry name).
 
-    No gc.freeze at start-up unless kw's `extra` asks for it (the engine's default is on): each freeze
+    No gc.freeze at start-up unless kw asks for it (gc_freeze=True, the engine's default): each freeze
     is a full collection (~0.2 s here), which the many engines of the tests would pay again and again."""
     model = model or tiny_model()
-    if draft_override is not None:
-        from verispec.spec_decode import factory
-
-        tok = real_tokenizer()
-        factory.DRAFT_LOADER_OVERRIDE = lambda name, device, dtype: (tok, draft_override.config, draft_override)
+    draft = None if draft_override is None else (real_tokenizer(), draft_override.config, draft_override)
     defaults = dict(model="tiny", device="cpu", dtype="float32", max_num_batched_tokens=256, num_gpu_blocks=256,
-                    extra={"gc_freeze": False})
+                    gc_freeze=False)
     cfg = EngineConfig(**{**defaults, **kw}, speculative_config=SpeculativeConfig.from_dict(spec))
-    try:
-        parts = assemble_parts(cfg, real_tokenizer(), model, torch.device("cpu"), torch.float32)
-    finally:
-        if draft_override is not None:
-            factory.DRAFT_LOADER_OVERRIDE = None
+    parts = assemble_parts(cfg, real_tokenizer(), model, torch.device("cpu"), torch.float32, draft_model=draft)
     return LLMEngine(cfg, parts)
 
 
@@ -111,7 +103,7 @@ def trained_tiny_drafter(model: CausalLM, seqs: list[tuple[list[int], list[int]]
     its greedy continuations): some drafts right, most wrong. Returns (drafter in eval mode, samples)."""
     from verispec.spec_decode.dflash_model import DFlashDrafter, new_config
     from verispec.train import data as dflash_data
-    from verispec.train import loop as dflash_train
+    from verispec.train import objective
 
     cfg = new_config(model, "tiny", mask_id, block_size=block_size, num_layers=1)
     samples = dflash_data.extract_features(model, seqs, tuple(cfg.target_layers), torch.float32, 4096)
@@ -121,7 +113,7 @@ def trained_tiny_drafter(model: CausalLM, seqs: list[tuple[list[int], list[int]]
     opt = torch.optim.AdamW(d.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(0)
     for _ in range(steps):
-        loss, _ = dflash_train.dflash_loss(d, model, dflash_train.make_batch(samples, anchors, cfg, gen))
+        loss, _ = objective.dflash_loss(d, model, objective.make_batch(samples, anchors, cfg, gen))
         opt.zero_grad()
         loss.backward()
         opt.step()

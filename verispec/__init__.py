@@ -1,10 +1,10 @@
 """verispec: an LLM inference engine whose speculative decoding is fast and whose acceptance can be trusted."""
 
+from verispec.core.version import __version__
 from verispec.outputs import CompletionOutput, RequestOutput
 from verispec.sampling_params import SamplingParams
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
-__version__ = "0.1.0"
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "__version__"]
 
 
 def __getattr__(name: str):

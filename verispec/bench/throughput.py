@@ -24,8 +24,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from verispec.bench.common import BenchModel, RunResult, drive, free_memory, make_engine
+from verispec.bench.drive import RunResult, drive, free_memory, make_engine
 from verispec.bench.hardware import hardware_totals, useful_flops
+from verispec.bench.models import BenchModel
 from verispec.bench.peers import PUBLISHED
 from verispec.bench.prompts import Prompt, dataset_prompts, nano_vllm_recipe, random_prompts
 from verispec.bench.report import Column

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import time
@@ -12,7 +13,7 @@ import torch
 from verispec.config import EngineConfig, ModelConfig
 from verispec.core.faults import NO_FAULTS, Faults
 from verispec.engine.kv_blocks import BlockManager
-from verispec.loader.model_loader import kv_bytes_per_block, load_model, resolve_device_dtype
+from verispec.loader.model_loader import DTYPES, kv_bytes_per_block, load_model, resolve_device_dtype
 from verispec.loader.tokenizer import Tokenizer
 from verispec.models.qwen2 import CausalLM
 from verispec.spec_decode.proposer import Proposer
@@ -45,22 +46,15 @@ def size_kv_blocks(config: EngineConfig, per_block: int, device: torch.device, m
     return max(16, min(want, (4 << 30) // per_block))
 
 
-def lazy_graphs(config: EngineConfig) -> bool:
-    """extra graph_capture: 'lazy' (default: each CUDA graph on its first use, nothing before the
-    first token) or 'all' (every shape at start-up: benchmarks, so no capture lands in a timed run)."""
-    mode = config.extra.get("graph_capture", "lazy")
-    if mode not in ("lazy", "all"):
-        raise ValueError(f"graph_capture must be 'lazy' or 'all', got {mode!r}")
-    return mode == "lazy"
-
-
-def gc_freeze_enabled(config: EngineConfig) -> bool:
-    """extra gc_freeze: True (default) freezes the cyclic GC's view of everything alive once the engine is
-    built (see freeze_gc); False leaves the collector as it is."""
-    on = config.extra.get("gc_freeze", True)
-    if not isinstance(on, bool):
-        raise ValueError(f"gc_freeze must be True or False, got {on!r}")
-    return on
+def resolve_config(config: EngineConfig) -> EngineConfig:
+    """The config with what 'auto' and None stand for on this machine: the device ('auto': cuda if torch
+    sees a GPU), the dtype ('auto': float32 on cpu, bfloat16 on cuda) and async_scheduling (None: on for
+    cuda). Raises ValueError for a device this machine lacks."""
+    dev, dt = resolve_device_dtype(config.device, config.dtype)
+    dtype = next(name for name, d in DTYPES.items() if d == dt)
+    async_scheduling = dev.type == "cuda" if config.async_scheduling is None else config.async_scheduling
+    device = dev.type if dev.index is None else str(dev)
+    return dataclasses.replace(config, device=device, dtype=dtype, async_scheduling=async_scheduling)
 
 
 def freeze_gc() -> float:
@@ -89,9 +83,10 @@ def build_engine_parts(config: EngineConfig, faults: Faults = NO_FAULTS) -> Engi
 
 
 def assemble_parts(config: EngineConfig, tok, model: CausalLM, device, dtype, t0: float | None = None,
-                   faults: Faults | None = None) -> EngineParts:
-    """KV blocks, runner and proposer around an already built model (tests pass tiny models).
-    faults None: read from the environment now (Faults.from_env)."""
+                   faults: Faults | None = None, draft_model: tuple | None = None) -> EngineParts:
+    """KV blocks, runner and proposer around an already built model (tests and benches pass theirs).
+    faults None: read from the environment now (Faults.from_env). draft_model: the (tokenizer, ModelConfig,
+    CausalLM) a draft_model speculative_config drafts with, instead of loading its `model`."""
     faults = Faults.from_env() if faults is None else faults
     t0 = time.monotonic() if t0 is None else t0
     cfg = model.config
@@ -102,12 +97,14 @@ def assemble_parts(config: EngineConfig, tok, model: CausalLM, device, dtype, t0
     max_model_len = config.max_model_len or cfg.max_position_embeddings
     from verispec.spec_decode.factory import build_proposer  # local: spec pulls in draft models
 
-    proposer, draft_per_block = build_proposer(config, model, tok, device, dtype, max_model_len)
+    draft_loader = None if draft_model is None else (lambda name, device, dtype: draft_model)
+    proposer, draft_per_block = build_proposer(config, model, tok, device, dtype, max_model_len,
+                                               draft_loader=draft_loader)
     if proposer is not None:
         proposer.faults = faults
     per_block = kv_bytes_per_block(cfg, config.block_size, dtype) + draft_per_block
     num_blocks = size_kv_blocks(config, per_block, device, max_model_len)
-    use_graphs = device.type == "cuda" and not config.extra.get("enforce_eager", False)
+    use_graphs = device.type == "cuda" and not config.enforce_eager
     # With CUDA graphs the cache's last block is reserved as the graphs' scratch block.
     blocks = BlockManager(num_blocks - int(use_graphs), config.block_size, config.enable_prefix_caching)
     # A single request must always fit alone (with its drafts), or it could never finish.
@@ -120,7 +117,7 @@ def assemble_parts(config: EngineConfig, tok, model: CausalLM, device, dtype, t0
         query_lens = (1,) if spec is None else (1, 1 + spec.num_speculative_tokens)
         graph_options = dict(
             max_batch=min(config.max_num_seqs, 256), query_lens=query_lens,
-            max_blocks_per_seq=-(-max_model_len // config.block_size), lazy=lazy_graphs(config),
+            max_blocks_per_seq=-(-max_model_len // config.block_size), lazy=config.graph_capture == "lazy",
         )
     runner = ModelRunner(model, num_blocks, config.block_size, device, dtype, config.seed, capture,
                          config.spec_audit_rate, graph_options, faults)

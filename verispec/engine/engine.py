@@ -17,7 +17,7 @@ from verispec.core.faults import Faults
 from verispec.core.placeholder import PLACEHOLDER
 from verispec.core.request import Request, Status
 from verispec.core.sampling_params import RequestOutputKind, SamplingParams, any_params
-from verispec.engine.builder import EngineParts, build_engine_parts, freeze_gc, gc_freeze_enabled
+from verispec.engine.builder import EngineParts, build_engine_parts, freeze_gc, resolve_config
 from verispec.engine.detokenizer import IncrementalDetokenizer
 from verispec.engine.scheduler import Scheduler
 from verispec.outputs import CompletionOutput, RequestOutput
@@ -55,8 +55,9 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig, parts: EngineParts | None = None, faults: Faults | None = None) -> None:
         """faults: planted bugs (tests only); None reads VERISPEC_FAULT / VERISPEC_DEBUG_STALE now, once.
-        Pre-built parts carry their own (assemble_parts(..., faults=))."""
-        self.config = config
+        Pre-built parts carry their own (assemble_parts(..., faults=)). self.config is `config` resolved
+        (builder.resolve_config: no 'auto' device or dtype, async_scheduling True or False)."""
+        self.config = config = resolve_config(config)
         p = parts or build_engine_parts(config, faults or Faults.from_env())
         self.faults = p.faults
         self.parts = p
@@ -84,7 +85,7 @@ class LLMEngine:
         self.inflight = None
         self.audit_mismatches = 0
         self.num_audited_steps = 0
-        if gc_freeze_enabled(config):  # last: everything the engine keeps is built by now
+        if config.gc_freeze:  # last: everything the engine keeps is built by now
             freeze_gc()
 
     # ---- requests --------------------------------------------------------------------------

@@ -6,7 +6,16 @@ import argparse
 import sys
 import time
 
-from verispec.entrypoints.args import spec_json
+from verispec.core.version import __version__
+from verispec.entrypoints.args import (
+    GENERATE_PROMPT,
+    HelpFormatter,
+    Parser,
+    add_generate_args,
+    add_serve_args,
+    engine_config_from_args,
+    sampling_params_from_args,
+)
 
 
 def cmd_pull(args) -> int:
@@ -31,19 +40,13 @@ def cmd_models(args) -> int:
 
 
 def cmd_generate(args) -> int:
+    config = engine_config_from_args(args, "generate")  # checked before the (slow) imports and the load
+    params = sampling_params_from_args(args)
     from verispec.entrypoints.llm import LLM
     from verispec.entrypoints.stream import stream_one
-    from verispec.sampling_params import SamplingParams
 
-    prompt = args.prompt if args.prompt is not None else (sys.stdin.read() if not sys.stdin.isatty() else "def fibonacci(n):")
-    llm = LLM(
-        model=args.model, device=args.device, dtype=args.dtype,
-        speculative_config=spec_json(args.speculative_config), seed=args.seed,
-        max_model_len=args.max_model_len,
-    )
-    params = SamplingParams(
-        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_tokens=args.max_tokens, seed=args.seed,
-    )
+    prompt = args.prompt if args.prompt is not None else (sys.stdin.read() if not sys.stdin.isatty() else GENERATE_PROMPT)
+    llm = LLM(**config.as_kwargs())
     if args.chat:
         prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
     stats = stream_one(llm.engine, prompt, params, sys.stdout)
@@ -81,68 +84,51 @@ def cmd_bench(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from verispec.loader.registry import DEFAULT_MODEL
-
-    p = argparse.ArgumentParser(prog="verispec", description="fast, verifiable speculative decoding")
+    p = Parser(prog="verispec", description="fast, verifiable speculative decoding")
+    p.add_argument("--version", action="version", version=f"verispec {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("pull", help="fetch and verify a registry model")
-    s.add_argument("name")
-    s.add_argument("--force", action="store_true")
+    s = sub.add_parser("pull", help="fetch and verify a registry model", formatter_class=HelpFormatter)
+    s.add_argument("name", help="a registry name (see `verispec models`)")
+    s.add_argument("--force", action="store_true", help="download and verify again even when it is local")
     s.set_defaults(func=cmd_pull)
 
     s = sub.add_parser("models", help="list registry models and what is local")
     s.set_defaults(func=cmd_models)
 
-    s = sub.add_parser("generate", help="generate text for one prompt, streamed")
-    s.add_argument("prompt", nargs="?")
-    s.add_argument("--model", default=DEFAULT_MODEL)
-    s.add_argument("--device", default="auto")
-    s.add_argument("--dtype", default="auto")
-    s.add_argument("--speculative-config", default=None)
-    s.add_argument("--max-tokens", type=int, default=128)
-    s.add_argument("--max-model-len", type=int, default=None)
-    s.add_argument("--temperature", type=float, default=0.0)
-    s.add_argument("--top-p", type=float, default=1.0)
-    s.add_argument("--top-k", type=int, default=-1)
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    s = sub.add_parser("generate", help="generate text for one prompt, streamed", formatter_class=HelpFormatter)
+    add_generate_args(s)
     s.set_defaults(func=cmd_generate)
 
-    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
-    s.add_argument("model", nargs="?", default=DEFAULT_MODEL)
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--speculative-config", default=None)
-    s.add_argument("--api-key", default=None)
-    s.add_argument("--device", default="auto")
-    s.add_argument("--dtype", default="auto")
-    s.add_argument("--max-model-len", type=int, default=None)
-    s.add_argument("--max-num-seqs", type=int, default=256)
-    s.add_argument("--max-queue", type=int, default=1024, help="waiting requests before 503")
-    s.add_argument("--served-model-name", default=None)
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server", formatter_class=HelpFormatter)
+    add_serve_args(s)
     s.set_defaults(func=cmd_serve)
 
     from verispec.bench.main import add_bench_parser
 
     add_bench_parser(sub)
-    from verispec.train.loop import add_train_parser
+    from verispec.train.cli import add_train_parser
 
     add_train_parser(sub)
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def dispatch(args: argparse.Namespace, func=None) -> int:
+    """Run a parsed command (func: instead of args.func); a ValueError or a missing file is a one-line
+    error with exit status 2, Ctrl-C exit status 130."""
     t0 = time.monotonic()
     try:
-        return args.func(args) or 0
+        return (func or args.func)(args) or 0
     except (ValueError, FileNotFoundError) as e:
         print(f"verispec: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"\nverispec: interrupted after {time.monotonic() - t0:.1f}s", file=sys.stderr)
         return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    return dispatch(build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

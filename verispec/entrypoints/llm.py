@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import itertools
 from collections.abc import Sequence
+from typing import Any
 
 from tqdm import tqdm
 
-from verispec.config import EngineConfig, SpeculativeConfig
+from verispec.config import DEFAULT_MODEL, EngineConfig
 from verispec.engine.engine import LLMEngine
-from verispec.loader.registry import DEFAULT_MODEL
 from verispec.outputs import RequestOutput
 from verispec.sampling_params import RequestOutputKind, SamplingParams, with_output_kind
 
@@ -17,49 +19,12 @@ from verispec.sampling_params import RequestOutputKind, SamplingParams, with_out
 class LLM:
     """Load a model once, then generate for batches of prompts."""
 
-    def __init__(
-        self,
-        model: str = DEFAULT_MODEL,
-        device: str = "auto",
-        dtype: str = "auto",
-        speculative_config: dict | None = None,
-        async_scheduling: bool | None = None,
-        enable_prefix_caching: bool = True,
-        max_num_seqs: int = 256,
-        max_model_len: int | None = None,
-        seed: int = 0,
-        max_num_batched_tokens: int = 2048,
-        block_size: int = 16,
-        num_gpu_blocks: int | None = None,
-        spec_audit_rate: float = 0.0,
-        **extra,
-    ) -> None:
-        from verispec.loader.model_loader import resolve_device_dtype
-
-        dev, _ = resolve_device_dtype(device, dtype)
-        if not isinstance(max_num_seqs, int) or max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
-        if max_model_len is not None and (not isinstance(max_model_len, int) or max_model_len < 2):
-            raise ValueError(f"max_model_len must be an integer >= 2, got {max_model_len!r}")
-        if not 0.0 <= spec_audit_rate <= 1.0:
-            raise ValueError(f"spec_audit_rate must be in [0, 1], got {spec_audit_rate!r}")
-        self.config = EngineConfig(
-            model=model,
-            device=dev.type if dev.index is None else str(dev),
-            dtype=dtype if dtype != "auto" else ("float32" if dev.type == "cpu" else "bfloat16"),
-            max_num_seqs=max_num_seqs,
-            max_model_len=max_model_len,
-            max_num_batched_tokens=max_num_batched_tokens,
-            block_size=block_size,
-            num_gpu_blocks=num_gpu_blocks,
-            enable_prefix_caching=enable_prefix_caching,
-            async_scheduling=bool(async_scheduling) if async_scheduling is not None else dev.type == "cuda",
-            seed=seed,
-            speculative_config=SpeculativeConfig.from_dict(speculative_config),
-            spec_audit_rate=spec_audit_rate,
-            extra=extra,
-        )
-        self.engine = LLMEngine(self.config)
+    def __init__(self, model: str = DEFAULT_MODEL, **kwargs: Any) -> None:
+        """kwargs: exactly EngineConfig's fields (verispec/config.py: types, defaults and help), vLLM's names.
+        An unknown keyword is a TypeError and a bad value a ValueError, both raised before the model loads."""
+        config = EngineConfig.from_kwargs({"model": model, **kwargs}, caller="LLM()")
+        self.engine = LLMEngine(config)
+        self.config = self.engine.config  # resolved: no 'auto' device or dtype left
         self._ids = itertools.count()
 
     @property
@@ -71,7 +36,7 @@ class LLM:
         prompts: str | Sequence[str] | None = None,
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         prompt_token_ids: Sequence[Sequence[int]] | None = None,
-        use_tqdm: bool = False,
+        use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Generate for every prompt (text or token ids); outputs come back in prompt order."""
         if prompts is not None and prompt_token_ids is not None:
@@ -108,7 +73,7 @@ class LLM:
         messages: list[dict] | list[list[dict]],
         sampling_params: SamplingParams | None = None,
         add_generation_prompt: bool = True,
-        use_tqdm: bool = False,
+        use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Render the model's chat template, then generate."""
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
@@ -133,4 +98,16 @@ class LLM:
 
     def get_metrics(self) -> dict:
         return self.engine.get_metrics()
+
+
+def _signature() -> inspect.Signature:
+    """LLM.__init__'s signature as help() and IDEs should show it: model, then EngineConfig's keywords."""
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    for f in dataclasses.fields(EngineConfig):
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD if f.name == "model" else inspect.Parameter.KEYWORD_ONLY
+        params.append(inspect.Parameter(f.name, kind, default=f.default, annotation=f.type))
+    return inspect.Signature(params, return_annotation=None)
+
+
+LLM.__init__.__signature__ = _signature()
 

@@ -236,16 +236,15 @@ def build_app(engine, served_model_name: str, api_key: str | None = None, max_qu
 
 def main(args) -> int:
     """`verispec serve`: load the model, then serve until SIGINT/SIGTERM."""
+    from verispec.entrypoints.args import engine_config_from_args
+
+    config = engine_config_from_args(args, "serve")  # checked before the load
     import uvicorn
 
-    from verispec.entrypoints.args import spec_json
     from verispec.entrypoints.llm import LLM
 
-    llm = LLM(
-        model=args.model, device=args.device, dtype=args.dtype, speculative_config=spec_json(args.speculative_config),
-        max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-    )
-    name = args.served_model_name or args.model
+    llm = LLM(**config.as_kwargs())
+    name = args.served_model_name or config.model
     app = build_app(llm.engine, name, api_key=args.api_key, max_queue=args.max_queue)
     log.info("serving %s on http://%s:%d", name, args.host, args.port)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=30)

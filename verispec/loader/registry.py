@@ -27,6 +27,8 @@ from typing import IO
 
 from tqdm import tqdm
 
+from verispec.config import DEFAULT_MODEL
+
 _BUF = 8 << 20  # bytes per read while copying / hashing
 
 
@@ -76,7 +78,6 @@ REGISTRY: dict[str, RegistryEntry] = {
         description="Gemma 3 270M, Q4_K_M",
     ),
 }
-DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
 
 
 def models_dir() -> Path:

@@ -94,7 +94,7 @@ def build_dflash_proposer(sc, target: CausalLM, device, dtype, config) -> tuple[
     check_fingerprint(cfg.target_fingerprint, target, sc.model)
     if max(cfg.target_layers) >= tc.num_layers or not 0 <= cfg.mask_token_id < tc.vocab_size:
         raise ValueError(f"DFlash drafter {sc.model!r}: target layers or mask token out of range for this target")
-    graphs = 0 if config.extra.get("enforce_eager", False) else min(config.max_num_seqs, 64)
+    graphs = 0 if config.enforce_eager else min(config.max_num_seqs, 64)
     prop = DFlashProposer(drafter, target, sc.num_speculative_tokens, device, dtype, config.seed,
                           max_rows=config.max_num_seqs, graph_max_batch=graphs)
     elem = torch.tensor([], dtype=dtype).element_size()

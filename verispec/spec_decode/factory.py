@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from verispec.config import EngineConfig
 from verispec.models.qwen2 import CausalLM
 from verispec.spec_decode.proposer import Proposer
 
-# Tests set this to build a draft model without loading one from disk.
-DRAFT_LOADER_OVERRIDE = None
-
 
 def build_proposer(
-    config: EngineConfig, target: CausalLM, tokenizer, device, dtype, max_model_len: int
+    config: EngineConfig, target: CausalLM, tokenizer, device, dtype, max_model_len: int,
+    draft_loader: Callable | None = None,
 ) -> tuple[Proposer | None, int]:
-    """(proposer, extra KV bytes per block the proposer needs)."""
+    """(proposer, extra KV bytes per block the proposer needs). draft_loader(name, device, dtype) ->
+    (tokenizer, ModelConfig, CausalLM) loads a draft_model's draft (default: loader.load_model; tests and
+    benches pass models they built)."""
     sc = config.speculative_config
     if sc is None:
         return None, 0
@@ -24,14 +26,14 @@ def build_proposer(
     from verispec.spec_decode.ngram import NgramProposer
 
     k = sc.num_speculative_tokens
-    graphs = 0 if config.extra.get("enforce_eager", False) else min(config.max_num_seqs, 64)
+    graphs = 0 if config.enforce_eager else min(config.max_num_seqs, 64)
     if sc.method == "ngram":
         return NgramProposer(k, sc.prompt_lookup_min, sc.prompt_lookup_max), 0
     if sc.method == "self":
         proposer = DraftModelProposer(target, k, device, dtype, config.seed, graph_max_batch=graphs)
         return proposer, kv_bytes_per_block(target.config, config.block_size, dtype)
     if sc.method == "draft_model":
-        loader = DRAFT_LOADER_OVERRIDE or load_model
+        loader = draft_loader or load_model
         draft_tok, draft_cfg, draft = loader(sc.model, device, dtype)
         check_same_vocab(tokenizer, draft_tok, target.config.vocab_size, draft_cfg.vocab_size, sc.model)
         if torch.device(device).type == "cuda":
