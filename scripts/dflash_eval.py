@@ -3,7 +3,7 @@
 usage: python scripts/dflash_eval.py TARGET.gguf DRAFTER_DIR [--k 15] [--prompts humaneval.jsonl] [--last 8] [--chat]
 Prints batch-1 and batch-16 tok/s, the acceptance length tau and acceptance per position, and how
 many outputs equal the no-speculation outputs (greedy). Then the training-side estimate of the same
-run (dflash_train.engine_walk: teacher-forced features, training's block forward, over the engine's
+run (train/loop.py::engine_walk: teacher-forced features, training's block forward, over the engine's
 own outputs): equal to the engine's tau unless the engine drafts differently from training (then it
 is a train/inference mismatch; otherwise a low tau is the drafter's, e.g. prompts unlike its data).
 --chat renders the prompts as `train-drafter` renders its training prompts (chat template); the

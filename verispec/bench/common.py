@@ -215,7 +215,7 @@ def make_engine(bm: BenchModel, spec: dict | None, max_num_seqs: int, prompt_ids
 def free_memory() -> None:
     """Return freed GPU memory (a dropped engine's KV cache) to the allocator's pool before the next engine.
 
-    The engine froze the GC at start-up (setup.freeze_gc), itself included: unfreeze first, or a dropped
+    The engine froze the GC at start-up (builder.freeze_gc), itself included: unfreeze first, or a dropped
     engine sitting in a reference cycle would never be collected."""
     gc.unfreeze()
     if torch.cuda.is_available():

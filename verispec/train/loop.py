@@ -1,6 +1,6 @@
 """`verispec train-drafter`: train a DFlash drafter for a target model, from nothing but the target.
 
-1. Data (spec/dflash_prompts.py, spec/dflash_data.py): function stubs mined from the stdlib and
+1. Data (train/prompts.py, train/data.py): function stubs mined from the stdlib and
    --prompt-sources packages, rendered in --prompt-styles; the target answers each through verispec
    (response 0 greedy by default, --responses-per-prompt - 1 extra sampled ones); generation stops
    at its deadline or once the features would exceed --max-feature-gb; one teacher-forced target
