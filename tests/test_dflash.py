@@ -169,12 +169,12 @@ def test_context_follows_acceptance(model, drafter_dir, reference):
     eng.add_request("again", None, GREEDY, ps[0])
     eng.step()
     st = prop.state["again"]
-    assert st.written_from >= 16 and st.ctx_start == 0
+    assert len(ps[0]) == 38 and st.written_from == 32 and st.ctx_start == 0  # its 4 full prompt blocks hit
     prop.block_hash.clear()  # as if the drafter had never written the cached blocks: they must be masked
     eng.add_request("again2", None, GREEDY, ps[1])
     eng.step()
     st = prop.state["again2"]
-    assert st.written_from >= 16 and st.ctx_start == st.written_from
+    assert len(ps[1]) == 42 and st.written_from == 40 and st.ctx_start == st.written_from  # 5 blocks hit
 
 
 def test_sampled_drafts_carry_probabilities(model, drafter_dir):
@@ -450,7 +450,7 @@ def test_package_prompts_are_deterministic(pkg, monkeypatch):
         ast.parse(s.text + "\n    pass")  # every stub is a valid function header + docstring
     monkeypatch.setattr(dp, "MIN_FILES_FOR_POOL", 0)  # the same through the process pool
     assert dp.mine_functions([pkg], 100, seed=1, max_chars=400, workers=2) == a
-    assert [s.name for s in dp.mine_functions([pkg], 100, seed=2, max_chars=400)] != [s.name for s in a] or len(a) < 3
+    assert [s.name for s in dp.mine_functions([pkg], 100, seed=2, max_chars=400)] != [s.name for s in a]  # seed: order
     assert dp.mine_functions([pkg], 2, seed=1, max_chars=400, workers=1) == a[:2]
     assert [s.name for s in dp.mine_functions(["onefile"], 10, workers=1)] == ["solo"]  # not its whole folder
     with pytest.raises(ValueError, match="not installed"):
