@@ -119,7 +119,7 @@ def test_generate_asks_for_final_only_without_touching_params(model) -> None:
     outs = llm.generate(prompt_token_ids=prompts(3, 512), sampling_params=sp)
     assert sp.output_kind is RequestOutputKind.CUMULATIVE
     assert [p.output_kind for p in seen] == [FINAL] * 3 and len({id(p) for p in seen}) == 1
-    assert all(o.finished and len(o.outputs[0].token_ids) == 8 for o in outs)
+    assert len(outs) == 3 and all(o.finished and len(o.outputs[0].token_ids) == 8 for o in outs)
 
 
 def test_output_kind_is_validated() -> None:
