@@ -160,7 +160,7 @@ def test_bench_serve(tiny_srv):
 
 # ---- the real 0.5B model ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def real_llm():
+def real_llm(qwen05_path):
     from verispec import LLM
 
     return LLM("qwen2.5-coder-0.5b-instruct", device="cpu", max_model_len=1024)
