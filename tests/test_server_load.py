@@ -20,6 +20,15 @@ PROMPTS = ["def fibonacci(n):", "import numpy as np\n", "class Stack:", "# sort 
            "SELECT * FROM", "fn main() {", "Hello, my name is", "The quick brown fox"]
 
 
+# A leaving client asks for this many tokens (ignore_eos) and disconnects after its second event: far
+# more than the engine can generate before the server sees the disconnect, so every departure is an abort.
+LEAVER_MAX_TOKENS = 3000
+
+
+def _expected_outcome(i: int) -> str:
+    return "error" if i % 11 == 0 else "left" if i % 9 == 0 else "ok"
+
+
 async def _one(http: httpx.AsyncClient, i: int, max_tokens: int) -> str:
     """One client request; returns its outcome: ok | error | left."""
     rng = random.Random(i)
@@ -30,9 +39,11 @@ async def _one(http: httpx.AsyncClient, i: int, max_tokens: int) -> str:
         body["messages"] = [{"role": "user", "content": rng.choice(PROMPTS)}]
     else:
         body["prompt"] = rng.choice(PROMPTS)
+    leave_early = _expected_outcome(i) == "left"
     if i % 11 == 0:
         body["max_tokens"] = -3  # a bad request: must get a clean 400
-    leave_early = i % 9 == 0
+    elif leave_early:
+        body["max_tokens"], body["ignore_eos"] = LEAVER_MAX_TOKENS, True
     path = "/v1/chat/completions" if chat else "/v1/completions"
     async with http.stream("POST", path, json=body) as r:
         if r.status_code != 200:
@@ -100,15 +111,19 @@ def run_load(srv: ServerThread, concurrency: int, num_requests: int, max_tokens:
     """Drive the load and check the invariants; returns the raw results."""
     wait_for(srv.idle, 30, "an idle engine")
     start_blocks = srv.aengine.snapshot["num_free_blocks"]
+    start_aborted = srv.aengine.num_aborted
     t0 = time.monotonic()
     res = asyncio.run(asyncio.wait_for(_load(srv.url, concurrency, num_requests, max_tokens, total_s), total_s))
     elapsed = time.monotonic() - t0
     outcomes = res["outcomes"]
-    expected = ["error" if i % 11 == 0 else "left" if i % 9 == 0 else "ok" for i in range(num_requests)]
+    expected = [_expected_outcome(i) for i in range(num_requests)]
     assert outcomes == expected  # the queue limit (1024) is never reached, so no 503s either
     assert res["peak"] == concurrency
     assert res["health"] and all(code == 200 for code, _ in res["health"]), res["health"][:5]
+    # Idle means every leaver's request is gone from the engine: aborted (the engine thread counts the
+    # abort before it publishes the snapshot that shows the request gone), or run to its 3000 tokens.
     srv.wait_blocks(start_blocks, timeout=60)
+    assert srv.aengine.num_aborted - start_aborted == expected.count("left") > 0
     res["elapsed"] = elapsed
     return res
 
@@ -122,8 +137,9 @@ def tiny_srv():
 
 def test_load_tiny(tiny_srv):
     res = run_load(tiny_srv, concurrency=64, num_requests=200, max_tokens=8, total_s=120)
-    # A client may leave just as its request finishes, so not every departure is an abort.
-    assert tiny_srv.aengine.num_aborted <= res["outcomes"].count("left")
+    assert res["outcomes"].count("left") == 20  # i = 9, 18, ..., 198 but 99 and 198 (bad requests: i % 11 == 0)
+    metrics = httpx.get(tiny_srv.url + "/metrics").text  # /metrics reports the same exact count
+    assert f'verispec:request_aborted_total{{model_name="tiny"}} {float(tiny_srv.aengine.num_aborted)}' in metrics
 
 
 def test_bench_serve(tiny_srv):
@@ -144,7 +160,7 @@ def test_bench_serve(tiny_srv):
 
 # ---- the real 0.5B model ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def real_llm():
+def real_llm(qwen05_path):
     from verispec import LLM
 
     return LLM("qwen2.5-coder-0.5b-instruct", device="cpu", max_model_len=1024)

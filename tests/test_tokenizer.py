@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
 
 from verispec.loader.tokenizer import Tokenizer
-
-STAGE = os.path.expanduser("~/.cache/verispec-stage")
-GGUF_NAME = "qwen2.5-coder-0.5b-instruct.gguf"
-GGUF = os.path.join(STAGE, GGUF_NAME)
-
-pytestmark = pytest.mark.skipif(not os.path.exists(GGUF), reason=f"{GGUF} not present")
 
 CORPUS = [
     "Hello, world!",
@@ -40,14 +33,15 @@ CORPUS = [
 
 
 @pytest.fixture(scope="module")
-def tok() -> Tokenizer:
-    return Tokenizer.from_gguf(GGUF)
+def tok(qwen05_path) -> Tokenizer:
+    return Tokenizer.from_gguf(qwen05_path)
 
 
 @pytest.fixture(scope="module")
-def hf():
-    transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(STAGE, gguf_file=GGUF_NAME)
+def hf(qwen05_path):
+    import transformers
+
+    return transformers.AutoTokenizer.from_pretrained(qwen05_path.parent, gguf_file=qwen05_path.name)
 
 
 @pytest.mark.parametrize("text", CORPUS)

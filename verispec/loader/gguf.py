@@ -270,6 +270,10 @@ def model_config_from_metadata(
     arch = _req(meta, "general.architecture", where)
     if arch not in SUPPORTED_ARCHS:
         raise GGUFError(f"{where}: unsupported architecture {arch!r}; verispec runs {', '.join(SUPPORTED_ARCHS)}")
+    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
+    if scaling != "none" or (tensor_names is not None and "rope_freqs.weight" in tensor_names):
+        what = f"rope scaling {scaling!r}" if scaling != "none" else "rope_freqs.weight (Llama 3.1-style rope scaling)"
+        raise GGUFError(f"{where}: {what} is not supported: verispec's plain rotary embedding would give wrong outputs")
     hidden = int(_req(meta, f"{arch}.embedding_length", where))
     heads = int(_req(meta, f"{arch}.attention.head_count", where))
     kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", heads))

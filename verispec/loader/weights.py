@@ -173,6 +173,10 @@ def hf_model_config(config: dict[str, Any], name: str = "", where: str = "config
     except KeyError as e:
         raise ValueError(f"{where}: missing required key {e.args[0]!r}") from None
     rope = config.get("rope_theta", (config.get("rope_parameters") or {}).get("rope_theta", 10000.0))
+    scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    if scaling.get("rope_type", scaling.get("type", "default")) != "default":
+        raise ValueError(f"{where}: rope scaling {scaling} is not supported: verispec's plain rotary embedding "
+                         "would give wrong outputs")
     eos = config.get("eos_token_id")
     kw.update(
         rope_theta=float(rope), rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),

@@ -5,7 +5,7 @@ tokens) in a paged cache that mirrors the target's: slot = block_id * block_size
 target's block tables address it. Per request the proposer keeps `consumed`: positions below it hold
 drafter K/V. observe() takes note of the captured target rows of positions < num_computed_tokens
 it has not seen yet, and the next propose() writes their K/V (inside the drafting step, see
-spec/dflash_step.py); rejected drafts sit at positions >= num_computed_tokens, so they are never
+spec_decode/dflash_step.py); rejected drafts sit at positions >= num_computed_tokens, so they are never
 consumed and rollback needs nothing (positions past `consumed` are overwritten later).
 
 Prefix caching. A position's context K/V depend only on the tokens up to it, so a full block the

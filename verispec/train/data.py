@@ -1,4 +1,4 @@
-"""Training data for DFlash drafters: prompts mined from Python sources (spec/dflash_prompts.py),
+"""Training data for DFlash drafters: prompts mined from Python sources (train/prompts.py),
 responses from the target through verispec itself, and the target's hidden states by teacher forcing.
 
 Generation runs jobs (prompt ids, temperature, seed) in priority order: every prompt's first
