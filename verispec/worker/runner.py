@@ -33,10 +33,10 @@ from verispec.worker.sampler import (
     argmax,
     probs_from_logits,
     row_params,
-    sample_key,
     top_logprobs,
     triton_argmax_ok,
 )
+from verispec.worker.sampling_keys import sample_key
 from verispec.worker.token_state import DeviceTokens, Owner, Placeholders, fill_placeholders, gather_plan
 from verispec.worker.verify import rejection_sample, verify_greedy, verify_random
 

@@ -7,7 +7,6 @@ is in the batch.
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -134,9 +133,3 @@ def top_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, n: int) -> tuple
     chosen = lp.gather(-1, token_ids[:, None])[:, 0]
     top_v, top_i = lp.topk(max(n, 1), dim=-1)
     return chosen, top_v, top_i
-
-
-def sample_key(req, engine_seed: int, index: int, salt: int = 0) -> int:
-    """Seed for the sampling event at a request's output index (salt separates drafters)."""
-    base = req.params.seed if req.params.seed is not None else engine_seed * 1_000_003 + zlib.crc32(req.request_id.encode())
-    return (base * 6_364_136_223 + index * 1_442_695_041 + salt * 97_531) & (2**62 - 1)
