@@ -64,7 +64,7 @@ def busy_us(step: list[tuple[float, float, str]]) -> float:
 def patch(name: str) -> list[tuple[object, str, object]]:
     """Apply variant `name`; return (object, attribute, old value) to undo it."""
     from verispec.kernels import l2_prefetch
-    from verispec.worker import graphs, runner
+    from verispec.worker import graphs, verifier
 
     undo: list[tuple[object, str, object]] = []
     parts = name.split("+")
@@ -72,7 +72,7 @@ def patch(name: str) -> list[tuple[object, str, object]]:
         parts = ["torch-stage", "torch-argmax"]
     for part in parts:
         target = {"torch-stage": (graphs, "STAGE_KERNEL", False),
-                  "torch-argmax": (runner, "argmax", _torch_argmax),
+                  "torch-argmax": (verifier, "argmax", _torch_argmax),
                   "torch-gather": (graphs, "FOLD_PLACEHOLDERS", False),
                   "no-l2": (l2_prefetch, "PREFETCH_BYTES", 0)}.get(part)
         if part == "base":

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from verispec.worker.sampler import RowParams, probs_from_logits
-from verispec.worker.verify import rejection_sample, verify_greedy, verify_random
+from verispec.worker.verifier import rejection_sample, verify_greedy, verify_random
 
 N = 100_000
 V = 8

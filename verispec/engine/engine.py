@@ -22,7 +22,7 @@ from verispec.engine.detokenizer import IncrementalDetokenizer
 from verispec.engine.scheduler import Scheduler
 from verispec.outputs import CompletionOutput, RequestOutput
 from verispec.spec_decode.proposer import Proposal
-from verispec.worker.runner import StepResult
+from verispec.worker.step import StepResult
 
 
 @dataclass
