@@ -44,7 +44,7 @@ def oracle_rate(model, async_scheduling: bool) -> float:
 def test_no_fault_all_gates_pass(model, monkeypatch):
     monkeypatch.delenv("VERISPEC_FAULT", raising=False)
     assert parity_problems(maker(model), "self", params=GREEDY) == []
-    assert oracle_rate(model, True) >= 0.99
+    assert oracle_rate(model, True) == 1.0  # CPU float32: the target drafting for itself accepts every draft
 
 
 def test_stale_host_draft_caught_text_stays_correct(model, monkeypatch):
@@ -52,7 +52,7 @@ def test_stale_host_draft_caught_text_stays_correct(model, monkeypatch):
     problems = parity_problems(maker(model), "self", params=GREEDY)
     assert problems and all("tokens differ" not in p for p in problems), problems  # counters only
     assert oracle_rate(model, True) < 0.5
-    assert oracle_rate(model, False) >= 0.99  # the sync path holds real drafts on the host
+    assert oracle_rate(model, False) == 1.0  # the sync path holds real drafts on the host
 
 
 def test_row_by_position_caught(model, monkeypatch):
