@@ -202,6 +202,8 @@ class AuditSources:
 
 @dataclass
 class _AuditRow:
+    """One audited request's copies, taken at launch before verification draws anything."""
+
     s: ScheduledRequest
     logits: torch.Tensor  # [k + 1, V] after penalties (a copy)
     used: torch.Tensor  # [k] the drafts the verifier read (a copy)
@@ -221,6 +223,8 @@ class Audit:
 
 
 class AuditResult(NamedTuple):
+    """What the host re-check of a step's audited rows found."""
+
     audited: int  # rows re-checked
     mismatches: int
     accepted: dict[str, int]  # rows that passed: the accepted drafts the host re-verification found
