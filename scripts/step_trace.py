@@ -73,7 +73,7 @@ def variant(model, name: str) -> list[tuple[object, str, object]]:
     its stand-ins; return (object, attribute, old value) to undo the stand-ins."""
     from verispec.core.options import KernelOptions
     from verispec.models.kernel_path import enable_triton
-    from verispec.worker import runner, sampler
+    from verispec.worker import sampler, verifier
 
     parts = name.split("+")
     if "old" in parts:
@@ -83,7 +83,7 @@ def variant(model, name: str) -> list[tuple[object, str, object]]:
         if part in OPTIONS:
             opts = dataclasses.replace(opts, **OPTIONS[part])
         elif part == "torch-argmax":  # both callers' view of the threshold: never the kernels
-            for mod in (runner, sampler):
+            for mod in (verifier, sampler):
                 undo.append((mod, "triton_argmax_ok", mod.triton_argmax_ok))
                 mod.triton_argmax_ok = lambda logits: False
         elif part != "base":

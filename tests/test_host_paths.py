@@ -1,5 +1,5 @@
 """The host-side fast paths equal their plain definitions: n-gram lookup, cache slots, staging,
-the decode-step input lists."""
+shared-params checks, stop checks. (The decode-step input lists: test_batch_builder.py.)"""
 
 from __future__ import annotations
 
@@ -7,15 +7,13 @@ import copy
 import random
 
 import torch
-from tiny import tiny_config, tiny_model
 
 from verispec import SamplingParams
-from verispec.core.placeholder import PLACEHOLDER
 from verispec.core.request import Request
-from verispec.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from verispec.core.scheduler_output import ScheduledRequest
 from verispec.spec_decode.ngram import ngram_lookup
 from verispec.worker.inputs import Staging, extend_slots, padded_tables
-from verispec.worker.runner import ModelRunner, _decode_only
+from verispec.worker.verifier import all_greedy, mask_and_penalize
 
 
 def ngram_reference(tokens: list[int], k: int, n_min: int, n_max: int) -> list[int]:
@@ -67,46 +65,6 @@ def test_staging_round_trip_and_ring():
     assert first[0].tolist() == [1, 2, 3]
 
 
-def _decode_batch(rng: random.Random) -> list[ScheduledRequest]:
-    """One-token chunks: mostly decode rows (the last token, a PLACEHOLDER or a known value),
-    some one-token prefill chunks that sample or not."""
-    batch = []
-    for r in range(rng.randrange(1, 9)):
-        prompt = [rng.randrange(64) for _ in range(rng.randrange(1, 12))]
-        out = [rng.randrange(64) for _ in range(rng.randrange(0, 6))]
-        if out and rng.random() < 0.5:
-            out[-1] = PLACEHOLDER  # the overlapped loop's last token: only the device knows it
-        req = Request(f"r{r}", prompt, SamplingParams(), output_token_ids=out, block_ids=rng.sample(range(64), 5))
-        total = len(prompt) + len(out)
-        start = total - 1 if rng.random() < 0.7 else rng.randrange(total)
-        batch.append(ScheduledRequest(req, start, 1, 0))
-    return batch
-
-
-def test_assemble_decode_fast_path_matches_general():
-    runner = ModelRunner(tiny_model(tiny_config(vocab=64)), num_blocks=64, block_size=4,
-                         device=torch.device("cpu"), dtype=torch.float32)
-    rng = random.Random(3)
-    for _ in range(300):
-        scheduled = _decode_batch(rng)
-        assert _decode_only(scheduled)
-        for s in scheduled:
-            s.output_base = -1  # set by both paths for the sampled rows only
-        fast = runner._assemble_decode(scheduled)
-        fast_bases = [s.output_base for s in scheduled]
-        for s in scheduled:
-            s.output_base = -1
-        general = runner._assemble_chunks(SchedulerOutput(scheduled))
-        assert fast_bases == [s.output_base for s in scheduled]
-        for name in ("ids", "positions", "slots", "placeholders", "query_lens", "seq_lens", "tables",
-                     "sampling", "logit_rows", "offsets"):
-            assert getattr(fast, name) == getattr(general, name), name
-        assert fast.draft_pos == [] and not any(general.draft_pos)  # no drafts either way
-    two = _decode_batch(rng) + [ScheduledRequest(Request("x", [1, 2, 3], SamplingParams(), block_ids=[0]), 0, 3, 0)]
-    assert not _decode_only(two)
-    assert not _decode_only([ScheduledRequest(Request("d", [1], SamplingParams(), spec_token_ids=[PLACEHOLDER]), 1, 1, 1)])
-
-
 def _random_params(rng: random.Random) -> SamplingParams:
     return SamplingParams(
         temperature=rng.choice([0.0, 0.0, 0.7]), min_tokens=rng.choice([0, 0, 2, 5]),
@@ -132,24 +90,23 @@ def _sampling_rows(rng: random.Random) -> list[tuple[ScheduledRequest, int]]:
 
 
 def test_shared_params_runs_match_per_request_checks():
-    """_all_greedy, _mask_and_penalize and _needs_host_values check a run of one params object
+    """all_greedy, mask_and_penalize and _needs_host_values check a run of one params object
     once; each must equal its per-request definition."""
     from verispec.engine.engine import LLMEngine
-    from verispec.worker.runner import _all_greedy
 
     rng = random.Random(5)
     for _ in range(400):
         rows = _sampling_rows(rng)
-        assert _all_greedy(rows) == all(s.request.params.greedy for s, _ in rows)
+        assert all_greedy(rows) == all(s.request.params.greedy for s, _ in rows)
         eng = type("E", (), {"scheduler": type("S", (), {"running": [s.request for s, _ in rows]})()})()
         assert LLMEngine._needs_host_values(eng) == any(s.request.params.needs_penalties for s, _ in rows)
         logits = torch.randn(sum(s.num_draft_tokens + 1 for s, _ in rows), 64)
         fast = logits.clone()
-        ModelRunner._mask_and_penalize(None, fast, rows)
+        mask_and_penalize(fast, rows)
         for s, _ in rows:  # every request its own params object: no run to skip
             s.request.params = copy.copy(s.request.params)
         general = logits.clone()
-        ModelRunner._mask_and_penalize(None, general, rows)
+        mask_and_penalize(general, rows)
         assert torch.equal(fast, general)
         # The rows left alone are exactly those with nothing to mask or penalize (the definition).
         for s, r0 in rows:

@@ -67,7 +67,8 @@ def test_real_lossless_and_oracle(real, prompts, baseline, method):
     m = eng.get_metrics()
     assert m["spec_decode_num_drafts"] > 0 and m["num_preemptions"] > 0
     if method == "self":
-        assert m["spec_decode_num_accepted_tokens"] >= 0.99 * m["spec_decode_num_draft_tokens"], m
+        # CPU float32: the target drafting for itself accepts every draft (0.99 is for bf16 / GPU).
+        assert m["spec_decode_num_accepted_tokens"] == m["spec_decode_num_draft_tokens"], m
 
 
 @pytest.mark.parametrize("method", ["none", "ngram", "self", "draft_model"])

@@ -78,10 +78,11 @@ def test_self_oracle_acceptance(model, k):
     eng = tiny_engine(model, spec={"method": "self", "num_speculative_tokens": k})
     run_all(eng, mixed_prompts(4, seed=k), SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
     m = eng.get_metrics()
-    rate = m["spec_decode_num_accepted_tokens"] / m["spec_decode_num_draft_tokens"]
-    assert rate >= 0.99, m
+    # CPU float32: the target drafting for itself is exact, so every draft is accepted.
+    assert m["spec_decode_num_draft_tokens"] > 0
+    assert m["spec_decode_num_accepted_tokens"] == m["spec_decode_num_draft_tokens"], m
     # Mean acceptance length over full-k drafts; trimmed drafts at the end count as shorter ones.
-    assert m["spec_decode_mean_acceptance_length"] >= 0.99 * (1 + m["spec_decode_num_draft_tokens"] / m["spec_decode_num_drafts"])
+    assert m["spec_decode_mean_acceptance_length"] == 1 + m["spec_decode_num_draft_tokens"] / m["spec_decode_num_drafts"]
 
 
 def test_self_oracle_at_temperature(model):
@@ -90,7 +91,8 @@ def test_self_oracle_at_temperature(model):
     sp = SamplingParams(temperature=0.8, top_k=50, seed=5, max_tokens=30, ignore_eos=True)
     run_all(eng, mixed_prompts(3), sp)
     m = eng.get_metrics()
-    assert m["spec_decode_num_accepted_tokens"] >= 0.99 * m["spec_decode_num_draft_tokens"]
+    assert m["spec_decode_num_draft_tokens"] > 0
+    assert m["spec_decode_num_accepted_tokens"] == m["spec_decode_num_draft_tokens"], m  # CPU float32: q == p bit for bit
 
 
 def test_per_position_counters_hand_count(model, reference):

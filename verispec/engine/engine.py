@@ -22,7 +22,7 @@ from verispec.engine.detokenizer import IncrementalDetokenizer
 from verispec.engine.scheduler import Scheduler
 from verispec.outputs import CompletionOutput, RequestOutput
 from verispec.spec_decode.proposer import Proposal
-from verispec.worker.runner import StepResult
+from verispec.worker.step import StepResult
 
 
 @dataclass
@@ -264,7 +264,10 @@ class LLMEngine:
                 new = req.output_token_ids[n_before:]
             if sampled is not None:
                 if s.num_draft_tokens:
-                    self._count_acceptance(req, s.num_draft_tokens, len(sampled) - 1)
+                    counted = self._count_acceptance(req, s.num_draft_tokens, len(sampled) - 1)
+                    audited = result.audit_accepted.get(rid) if result.audit_accepted else None
+                    if audited is not None and audited != counted:
+                        self.audit_mismatches += 1  # the counters disagree with the audit's re-verification
                 if logprobs and rid in logprobs:
                     req.logprobs.extend(logprobs[rid][: len(new)])
             if new:
@@ -311,13 +314,16 @@ class LLMEngine:
         self.pending_draft_probs = proposal.probs
         self.pending_proposal = proposal
 
-    def _count_acceptance(self, req: Request, num_drafts: int, num_accepted: int) -> None:
+    def _count_acceptance(self, req: Request, num_drafts: int, num_accepted: int) -> int:
+        """Record a verified row in the engine's and the request's counters; returns the accepted
+        count recorded (the runtime audit checks it)."""
         if num_drafts == 0:
-            return
+            return 0
         if self.faults.active("miscount_rejected") and num_accepted < num_drafts:
             num_accepted += 1  # the bug: the first rejected position counted as accepted
         self.spec.record(num_drafts, num_accepted)
         req.spec.record(num_drafts, num_accepted)
+        return num_accepted
 
     def _finish(self, req: Request, reason: str) -> None:
         self.scheduler.finish(req, reason)

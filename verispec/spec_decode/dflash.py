@@ -35,7 +35,8 @@ from verispec.spec_decode.dflash_model import DFlashConfig, DFlashDrafter, check
 from verispec.spec_decode.dflash_step import DFlashStepRunner, DraftRow
 from verispec.spec_decode.proposer import Proposal, Proposer
 from verispec.worker.inputs import to_device
-from verispec.worker.sampler import probs_from_logits, row_params, sample_key
+from verispec.worker.sampler import probs_from_logits, row_params
+from verispec.worker.sampling_keys import RequestGenerators
 from verispec.worker.token_state import DeviceTokens
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
@@ -121,7 +122,7 @@ class DFlashProposer(Proposer):
         self.kv: list[torch.Tensor] = []  # per layer [2, slots, KH, D]
         self.state: dict[str, _ReqState] = {}
         self.block_hash: dict[int, int] = {}  # block id -> chain hash of the tokens its K/V were written for
-        self.generators: dict[str, torch.Generator] = {}
+        self.generators = RequestGenerators(self.device, seed, salt=1)  # keyed like the draft model's
         self.max_rows, self.graph_max_batch = max_rows, graph_max_batch
         self.step: DFlashStepRunner | None = None
         # From observe() to the next propose(): per request (captured rows, positions, slots) of
@@ -137,7 +138,7 @@ class DFlashProposer(Proposer):
 
     def free_request(self, request_id: str) -> None:
         self.state.pop(request_id, None)
-        self.generators.pop(request_id, None)
+        self.generators.free(request_id)
 
     def consumed(self, request_id: str) -> int | None:
         """Positions of the request whose context the drafter holds (None: unknown request)."""
@@ -271,13 +272,9 @@ class DFlashProposer(Proposer):
         probs = probs_from_logits(rows, rp)
         r0 = 0
         for i, r, k in sampled:
-            g = self.generators.get(r.request_id)
-            if g is None:
-                g = self.generators[r.request_id] = torch.Generator(device=self.device)
             q = probs[r0 : r0 + k]
             base = len(r.output_token_ids)  # draft j predicts output index base + j
             for j in range(k):
-                g.manual_seed(sample_key(r, self.seed, base + j, salt=1))
-                drafts[i, j] = torch.multinomial(q[j], 1, generator=g)[0]
+                drafts[i, j] = torch.multinomial(q[j], 1, generator=self.generators.at(r, base + j))[0]
             out.probs[r.request_id] = q
             r0 += k

@@ -24,7 +24,8 @@ from verispec.core.scheduler_output import SchedulerOutput
 from verispec.models.qwen2 import CausalLM
 from verispec.spec_decode.proposer import Proposal, Proposer
 from verispec.worker.inputs import SeqChunk, Staging, allocate_kv_cache, build_batch, to_device
-from verispec.worker.sampler import argmax, probs_from_logits, row_params, sample_key
+from verispec.worker.sampler import argmax, probs_from_logits, row_params
+from verispec.worker.sampling_keys import RequestGenerators
 from verispec.worker.token_state import DeviceTokens, combine_inputs
 
 
@@ -41,7 +42,8 @@ class DraftModelProposer(Proposer):
         self.graphs = None
         self.kv_caches: list[torch.Tensor] = []
         self.written: dict[str, int] = {}
-        self.generators: dict[str, torch.Generator] = {}
+        # Draft draws are keyed by the drafted output index (salt 1: apart from the verifier's).
+        self.generators = RequestGenerators(device, seed, salt=1)
 
     def bind(self, num_blocks: int, block_size: int, max_model_len: int) -> None:
         super().bind(num_blocks, block_size, max_model_len)
@@ -59,7 +61,7 @@ class DraftModelProposer(Proposer):
 
     def free_request(self, request_id: str) -> None:
         self.written.pop(request_id, None)
-        self.generators.pop(request_id, None)
+        self.generators.free(request_id)
 
     def _written(self, req: Request) -> int:
         w = self.written.get(req.request_id)
@@ -153,11 +155,8 @@ class DraftModelProposer(Proposer):
         for i, r in enumerate(reqs):
             if r.params.greedy:
                 continue
-            g = self.generators.get(r.request_id)
-            if g is None:
-                g = self.generators[r.request_id] = torch.Generator(device=self.device)
             # Keyed by the drafted output index, so re-drafting a position draws the same token.
-            g.manual_seed(sample_key(r, self.seed, len(r.output_token_ids) + step, salt=1))
+            g = self.generators.at(r, len(r.output_token_ids) + step)
             toks[i] = torch.multinomial(p[i], 1, generator=g)[0]
             probs[r.request_id].append(p[i])
         return toks

@@ -1,14 +1,15 @@
-"""Logit processing and sampling. Pure functions over tensors; no host syncs except where noted.
+"""Logit processing shared by the verifier and the proposers: row-wise argmax and the per-row
+temperature / top-k / top-p / min-p filters that turn logits into probabilities. Pure functions over
+tensors; no host syncs.
 
-Rows are independent: every row carries its own temperature / top-k / top-p / min-p, and random
-rows draw from their own request's generator, so a request samples the same tokens whatever else
-is in the batch.
+Rows are independent: every row carries its own parameters, so a request's probabilities do not
+depend on what else is in the batch. Penalties, verification and the random draws are the
+verifier's (worker/verifier.py); the per-request seeds are in worker/sampling_keys.py.
 """
 
 from __future__ import annotations
 
 import functools
-import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,30 +88,6 @@ def row_params(params: list, repeats: list[int], vocab: int, device) -> RowParam
     )
 
 
-def apply_penalties(
-    logits: torch.Tensor,
-    rows: list[int],
-    prompt_ids: list[list[int]],
-    output_ids: list[list[int]],
-    presence: list[float],
-    frequency: list[float],
-    repetition: list[float],
-) -> None:
-    """vLLM's penalties, in place, on the given rows. Repetition covers prompt + output tokens;
-    presence and frequency cover output tokens only."""
-    vocab = logits.shape[-1]
-    dev = logits.device
-    for r, p_ids, o_ids, pres, freq, rep in zip(rows, prompt_ids, output_ids, presence, frequency, repetition, strict=True):
-        row = logits[r]
-        out_counts = torch.bincount(to_device(o_ids, torch.long, dev), minlength=vocab)[:vocab]
-        if rep != 1.0:
-            seen = out_counts > 0
-            if p_ids:
-                seen |= torch.bincount(to_device(p_ids, torch.long, dev), minlength=vocab)[:vocab] > 0
-            row.copy_(torch.where(seen, torch.where(row > 0, row / rep, row * rep), row))
-        row -= freq * out_counts.to(row.dtype) + pres * (out_counts > 0).to(row.dtype)
-
-
 def probs_from_logits(logits: torch.Tensor, p: RowParams) -> torch.Tensor:
     """Temperature, then top-k, top-p and min-p filtering; returns normalized probabilities [R, V].
     Greedy rows (temperature 0) get a one-hot at the argmax."""
@@ -134,22 +111,3 @@ def probs_from_logits(logits: torch.Tensor, p: RowParams) -> torch.Tensor:
         onehot = torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
         probs = torch.where(greedy[:, None], onehot, probs)
     return probs
-
-
-def sample_row(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One token from a probability row, drawn with the request's own generator (0-d tensor)."""
-    return torch.multinomial(probs, 1, generator=generator)[0]
-
-
-def top_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Log-probabilities (of the raw model distribution) of the chosen tokens and the top-n."""
-    lp = torch.log_softmax(logits.float(), dim=-1)
-    chosen = lp.gather(-1, token_ids[:, None])[:, 0]
-    top_v, top_i = lp.topk(max(n, 1), dim=-1)
-    return chosen, top_v, top_i
-
-
-def sample_key(req, engine_seed: int, index: int, salt: int = 0) -> int:
-    """Seed for the sampling event at a request's output index (salt separates drafters)."""
-    base = req.params.seed if req.params.seed is not None else engine_seed * 1_000_003 + zlib.crc32(req.request_id.encode())
-    return (base * 6_364_136_223 + index * 1_442_695_041 + salt * 97_531) & (2**62 - 1)
