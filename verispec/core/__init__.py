@@ -1,0 +1,1 @@
+"""The leaf every layer shares: the placeholder value, requests and the scheduler's output records, attention metadata, acceptance counters, sampling parameters, faults, kernel options and the environment switches. Imports nothing else from verispec."""

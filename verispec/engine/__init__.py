@@ -1,0 +1,1 @@
+"""The engine: requests in, RequestOutputs out. The step loops (sync and overlapped), the scheduler's books, KV blocks and the prefix cache, detokenization. Imports spec_decode and below, never entrypoints."""

@@ -28,6 +28,7 @@ from typing import IO
 from tqdm import tqdm
 
 from verispec.config import DEFAULT_MODEL
+from verispec.core import envs
 
 _BUF = 8 << 20  # bytes per read while copying / hashing
 
@@ -82,13 +83,12 @@ REGISTRY: dict[str, RegistryEntry] = {
 
 def models_dir() -> Path:
     """Where pulled models live: `${VERISPEC_CACHE_DIR:-~/.cache/verispec}/models`."""
-    root = os.environ.get("VERISPEC_CACHE_DIR") or os.path.join("~", ".cache", "verispec")
-    return Path(root).expanduser() / "models"
+    return envs.cache_dir() / "models"
 
 
 def stage_cache_dir() -> Path:
     """This workplace's pre-assembled models: `${VERISPEC_STAGE_CACHE:-~/.cache/verispec-stage}`."""
-    return Path(os.environ.get("VERISPEC_STAGE_CACHE") or "~/.cache/verispec-stage").expanduser()
+    return envs.stage_cache_dir()
 
 
 def _lookup(name: str, registry: Mapping[str, RegistryEntry]) -> RegistryEntry:

@@ -19,6 +19,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from verispec.config import ModelConfig
+from verispec.core import envs
 from verispec.loader.dequant import SUPPORTED_TYPES, dequantize, type_name
 from verispec.loader.gguf import SUPPORTED_ARCHS, GGUFError, GGUFFile, model_config_from_metadata
 
@@ -55,8 +56,7 @@ def unpermute_rope(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 def cache_dir() -> Path:
     """Directory for dequantized-weight caches."""
-    root = os.environ.get("VERISPEC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "verispec")
-    return Path(root) / "dequant"
+    return envs.cache_dir() / "dequant"
 
 
 def cache_path(path: str | os.PathLike[str], dtype: torch.dtype) -> Path:

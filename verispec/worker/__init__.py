@@ -1,0 +1,1 @@
+"""Everything on the device for one step: the pure host batch builder, the runner (launch / collect), the verifier, CUDA graphs and the device token state. Never imports spec_decode: drafts arrive as data."""
