@@ -182,3 +182,26 @@ def test_gc_frozen_once_after_start_up(model, monkeypatch):
             tiny_engine(model, gc_freeze="yes")
     finally:
         gc.unfreeze()  # later tests run with the collector as they found it
+
+
+def test_preemption_picks_the_most_recently_admitted_request():
+    """Out of blocks, the tail of the running list goes (vLLM's rule): a request that arrived first
+    but was admitted last (after its own preemption) is the victim, not the last to arrive."""
+    from verispec.core.request import Request
+    from verispec.engine.kv_blocks import BlockManager
+    from verispec.engine.scheduler import Scheduler
+
+    sched = Scheduler(BlockManager(4, 4, False), max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64)
+    a, b = (Request(rid, [1, 2, 3, 4], SamplingParams(max_tokens=40)) for rid in "ab")
+    sched.add(a)
+    sched.add(b)
+    out = sched.schedule()  # both prefill one block each
+    assert [s.request.request_id for s in out.scheduled] == ["a", "b"] and not out.preempted
+    for s in out.scheduled:
+        sched.commit(s, [5])
+    sched.running.reverse()  # a is now the most recently admitted, though it arrived first
+    for r in (a, b):
+        r.output_token_ids += [6] * 6  # both need a third block: only one fits
+    out = sched.schedule()
+    assert [r.request_id for r in out.preempted] == ["a"]
+    assert [s.request.request_id for s in out.scheduled] == ["b"]

@@ -3,7 +3,7 @@
 The scheduler keeps books only (which request runs, how many tokens, which blocks); it never
 touches a tensor. Each step every running request asks for its remaining tokens plus its drafts;
 waiting requests are admitted with what is left of the token budget. When blocks run out, the
-most recently arrived running request is preempted: its blocks are freed and it is recomputed
+most recently admitted running request (the tail of the running list, as in vLLM) is preempted: its blocks are freed and it is recomputed
 later (its published prefix blocks usually survive in the prefix cache).
 
 With a proposer (`drafts_for`: how many drafts it will propose for a request), a request resumed after preemption recomputes all but its
