@@ -186,15 +186,22 @@ class CausalLM(nn.Module):
         capture_layers: tuple[int, ...] = (),
         inputs_embeds: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Returns (final normed hidden states [T, H], hidden states after each layer in capture_layers)."""
+        """Returns (final normed hidden states [T, H], hidden states after each layer in capture_layers).
+
+        Captured layer i is Hugging Face's `hidden_states[i + 1]`: the output of decoder layer i, and
+        for the last layer the output after the final norm (transformers reports it so, and the
+        published DFlash drafters index target layers that way)."""
         x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
         residual = None
         captured: list[torch.Tensor] = []
+        last = len(self.model.layers) - 1
         for i, layer in enumerate(self.model.layers):
             x, residual = layer(x, residual, positions, self.rotary, meta, kv_caches[i], self.attn_backend)
-            if i in capture_layers:
+            if i in capture_layers and i != last:
                 captured.append(x + residual)
         x, _ = self.model.norm(x, residual)
+        if last in capture_layers:
+            captured.append(x)
         return x, captured
 
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
