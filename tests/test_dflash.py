@@ -364,7 +364,8 @@ def test_train_drafter_cli_smoke(model, tmp_path, reference, capsys):
     assert log["final_loss"] > 0 and len(log["weights_sha256"]) == 64
     assert log["val"]["tau"] >= 1 and log["val"]["num_drafts"] > 0 and log["val"]["tau_uniform"] >= 1
     cfg = json.loads((tmp_path / "config.json").read_text())
-    assert cfg["mask_token_id"] == MASK_ID and cfg["block_size"] == 8 and cfg["target_name"] == "tiny"
+    assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["dflash_config"]["mask_token_id"] == MASK_ID
+    assert cfg["block_size"] == 8 and cfg["target_name"] == "tiny"
     ps, ref = reference  # the trained drafter serves its target, losslessly
     eng = tiny_engine(model, spec=spec(tmp_path, k=7))
     assert [o.outputs[0].token_ids for o in run_all(eng, ps, GREEDY)] == ref

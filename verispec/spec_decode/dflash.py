@@ -15,31 +15,30 @@ prefix-cache hit reuses those K/V when all its hit blocks are known, and otherwi
 context it computes itself (positions below its first computed token are masked out). In the
 overlapped loop, blocks holding not-yet-collected tokens (placeholders) are not remembered, so reuse
 covers prompt blocks there.
+
+Checkpoints (the published DFlashDraftModel layout; save_drafter / load_drafter) and the checks that
+a drafter fits its target live in spec_decode/dflash_format.py.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from verispec.core.placeholder import PLACEHOLDER
 from verispec.core.request import Request
 from verispec.core.scheduler_output import SchedulerOutput
 from verispec.models.qwen2 import CausalLM
-from verispec.spec_decode.dflash_model import DFlashConfig, DFlashDrafter, check_fingerprint
+from verispec.spec_decode.dflash_format import check_target, load_drafter
+from verispec.spec_decode.dflash_format import save_drafter as save_drafter
+from verispec.spec_decode.dflash_model import DFlashDrafter
 from verispec.spec_decode.dflash_step import DFlashStepRunner, DraftRow
 from verispec.spec_decode.proposer import Proposal, Proposer
 from verispec.worker.inputs import to_device
 from verispec.worker.sampler import probs_from_logits, row_params
 from verispec.worker.sampling_keys import RequestGenerators
 from verispec.worker.token_state import DeviceTokens
-
-WEIGHTS, CONFIG = "model.safetensors", "config.json"
 
 
 @dataclass
@@ -52,49 +51,12 @@ class _ReqState:
     poisoned: bool = False  # the chain covers a placeholder (async loop): never record it
 
 
-def save_drafter(drafter: DFlashDrafter, out_dir: str | Path, dtype: torch.dtype = torch.bfloat16) -> str:
-    """Write model.safetensors + config.json; return the sha256 of the weights file."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    sd = {k: v.detach().to("cpu", dtype).contiguous() for k, v in drafter.state_dict().items()}
-    tmp = out / (WEIGHTS + ".tmp")
-    save_file(sd, str(tmp), metadata={"format": "pt", "method": "dflash"})
-    tmp.chmod(0o644)
-    tmp.replace(out / WEIGHTS)
-    (out / CONFIG).write_text(drafter.config.to_json() + "\n")
-    return hashlib.sha256((out / WEIGHTS).read_bytes()).hexdigest()
-
-
-def load_drafter(path: str | Path, device, dtype) -> DFlashDrafter:
-    """Rebuild a drafter from a directory written by save_drafter (weights cast to dtype)."""
-    p = Path(path)
-    if not (p / CONFIG).is_file() or not (p / WEIGHTS).is_file():
-        raise ValueError(f"DFlash drafter {str(path)!r} must be a directory with {CONFIG} and {WEIGHTS}")
-    cfg = DFlashConfig.from_dict(json.loads((p / CONFIG).read_text()))
-    with torch.device(device):
-        drafter = DFlashDrafter(cfg)
-    sd = load_file(str(p / WEIGHTS), device=str(device))
-    missing, unexpected = drafter.load_state_dict(sd, strict=False)
-    if missing or unexpected:
-        raise ValueError(f"DFlash drafter {str(path)!r}: missing weights {missing[:3]}, unexpected {unexpected[:3]}")
-    drafter.requires_grad_(False)
-    return drafter.to(dtype=dtype).eval()
-
-
 def build_dflash_proposer(sc, target: CausalLM, device, dtype, config) -> tuple[DFlashProposer, int]:
     """Load the drafter named by sc.model, check it belongs to `target`, and build the proposer.
     Returns (proposer, bytes of drafter context K/V per KV block)."""
     drafter = load_drafter(sc.model, device, dtype)
     cfg = drafter.config
-    tc = target.config
-    if cfg.hidden_size != tc.hidden_size or cfg.vocab_size != tc.vocab_size:
-        raise ValueError(
-            f"DFlash drafter {sc.model!r} has hidden size {cfg.hidden_size} and vocabulary {cfg.vocab_size}, "
-            f"the target {tc.hidden_size} and {tc.vocab_size}: it was trained for another model"
-        )
-    check_fingerprint(cfg.target_fingerprint, target, sc.model)
-    if max(cfg.target_layers) >= tc.num_layers or not 0 <= cfg.mask_token_id < tc.vocab_size:
-        raise ValueError(f"DFlash drafter {sc.model!r}: target layers or mask token out of range for this target")
+    check_target(cfg, target, sc.model)
     graphs = 0 if config.enforce_eager else min(config.max_num_seqs, 64)
     prop = DFlashProposer(drafter, target, sc.num_speculative_tokens, device, dtype, config.seed,
                           max_rows=config.max_num_seqs, graph_max_batch=graphs)

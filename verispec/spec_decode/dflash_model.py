@@ -12,6 +12,9 @@ causal order inside the block). The final hidden states go through the target's 
 output at block position j predicts the token at p0 + j (j = 1 .. B-1).
 
 Training packs several blocks per sequence; `block_attention_mask` keeps them apart.
+
+This is the math of z-lab's published DFlashDraftModel (Qwen3-style layers with per-head q/k norms);
+spec_decode/dflash_format.py reads and writes its checkpoint layout.
 """
 
 from __future__ import annotations
@@ -32,10 +35,13 @@ from verispec.models.qwen2 import CausalLM
 
 @dataclass
 class DFlashConfig:
-    """Everything needed to rebuild a drafter and to check it belongs to its target."""
+    """Everything needed to rebuild a drafter and to check it belongs to its target.
 
-    target_name: str
-    target_fingerprint: dict  # see target_fingerprint(): shape fields + probe embedding rows
+    target_layers: 0-based target layers whose outputs feed `fc` (Hugging Face's hidden_states[i + 1],
+    the published format's `target_layer_ids`); num_target_layers: the target's layer count (None:
+    unknown, in an old verispec config without a fingerprint). target_name, target_fingerprint and
+    loss_gamma are verispec's own: a drafter trained elsewhere has no fingerprint (None)."""
+
     target_layers: list[int]
     hidden_size: int
     num_layers: int
@@ -50,30 +56,51 @@ class DFlashConfig:
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 32768
     loss_gamma: float = 7.0
+    num_target_layers: int | None = None
+    target_name: str = ""
+    target_fingerprint: dict | None = None  # see target_fingerprint(): shape fields + probe embedding rows
     extra: dict = field(default_factory=dict)
 
     def to_json(self) -> str:
+        """The old verispec layout's config.json (save_drafter(layout="verispec"))."""
         return json.dumps({"method": "dflash", **asdict(self)}, indent=2)
 
     @staticmethod
     def from_dict(d: dict) -> DFlashConfig:
+        """From the old verispec layout's config.json (or any dict of this class's fields)."""
         d = {k: v for k, v in d.items() if k != "method"}
         known = set(DFlashConfig.__dataclass_fields__)
         unknown = set(d) - known
         if unknown:
             raise ValueError(f"DFlash drafter config has unknown keys {sorted(unknown)}")
         cfg = DFlashConfig(**d)
-        if list(cfg.target_layers) != sorted(set(cfg.target_layers)):
-            raise ValueError(f"target_layers must be strictly increasing, got {cfg.target_layers}")
-        if cfg.block_size < 2:
-            raise ValueError(f"block_size must be >= 2, got {cfg.block_size}")
+        if cfg.num_target_layers is None and cfg.target_fingerprint:
+            cfg.num_target_layers = cfg.target_fingerprint.get("shape", {}).get("num_layers")
+        cfg.validate()
         return cfg
+
+    def validate(self) -> None:
+        """Raise ValueError on a config no drafter can be built from."""
+        if not self.target_layers or list(self.target_layers) != sorted(set(self.target_layers)) \
+                or min(self.target_layers) < 0:
+            raise ValueError(f"target layers must be non-negative and strictly increasing, got {self.target_layers}")
+        if self.block_size < 2:
+            raise ValueError(f"block_size must be >= 2, got {self.block_size}")
+        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
+                     "vocab_size", "max_position_embeddings"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
 
 
 def default_target_layers(num_target_layers: int, count: int = 5) -> list[int]:
-    """`count` layers spread uniformly from layer 1 to layer L-3 (all layers of a shallow target)."""
+    """`count` layers spread uniformly from layer 1 to layer L-3 (all layers of a shallow target; the
+    middle layer for count 1), as the published DFlash drafters choose them when none are given."""
     if num_target_layers <= count:
         return list(range(num_target_layers))
+    if count == 1:
+        return [num_target_layers // 2]
     lo, hi = 1, num_target_layers - 3
     return sorted({round(lo + (hi - lo) * i / (count - 1)) for i in range(count)})
 
@@ -280,7 +307,7 @@ def new_config(target: CausalLM, name: str, mask_token_id: int, block_size: int 
     """A drafter config sized from the target (same width, heads and MLP as the target's layers)."""
     c = target.config
     return DFlashConfig(
-        target_name=name, target_fingerprint=target_fingerprint(target, name),
+        target_name=name, target_fingerprint=target_fingerprint(target, name), num_target_layers=c.num_layers,
         target_layers=default_target_layers(c.num_layers, num_target_layers), hidden_size=c.hidden_size,
         num_layers=num_layers, num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
         intermediate_size=c.intermediate_size, vocab_size=c.vocab_size, block_size=block_size,
