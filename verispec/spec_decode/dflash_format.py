@@ -280,17 +280,16 @@ def load_drafter(path: str | Path, device, dtype) -> DFlashDrafter:
         raise ValueError(f"DFlash drafter {where!r} ships mask_embedding.pt (its own mask embedding); verispec "
                          f"embeds the mask token with the target's embedding and does not support it")
     raw = read_weights(p, where)
-    sd, stray = {}, []
-    for k, v in raw.items():
-        ours = k if old else our_name(k)
-        if ours is None:
-            stray.append(k)
-        else:
-            sd[ours] = v
     with torch.device(device):
         drafter = DFlashDrafter(cfg)
     params = dict(drafter.named_parameters())
-    stray += [k for k in sd if k not in params]
+    sd, stray = {}, []
+    for k, v in raw.items():
+        ours = k if old else our_name(k)
+        if ours in params:
+            sd[ours] = v
+        else:
+            stray.append(k)
     _refuse_tensors(stray, where)
     missing = [k if old else published_name(k) for k in params if k not in sd]
     if missing:
