@@ -67,7 +67,12 @@ class DFlashConfig:
 
     @staticmethod
     def from_dict(d: dict) -> DFlashConfig:
-        """From the old verispec layout's config.json (or any dict of this class's fields)."""
+        """From a drafter's config.json: the old verispec layout ("method": "dflash" and this class's
+        fields) or the published one (see spec_decode/dflash_format.py)."""
+        if d.get("method") != "dflash" or "architectures" in d:
+            from verispec.spec_decode.dflash_format import config_from_published
+
+            return config_from_published(d)
         d = {k: v for k, v in d.items() if k != "method"}
         known = set(DFlashConfig.__dataclass_fields__)
         unknown = set(d) - known
