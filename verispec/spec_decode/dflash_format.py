@@ -10,7 +10,8 @@ num_attention_heads, num_key_value_heads, head_dim, rms_norm_eps, rope_theta,
 max_position_embeddings, vocab_size, ...). Readers look a DFlash key up in dflash_config first, then
 at the top level (newer published configs put target_layer_ids there). verispec also writes
 target_name, target_fingerprint and loss_gamma at the top level; other loaders ignore them, and a
-checkpoint without them loads here without the fingerprint check.
+checkpoint without them loads here without the fingerprint check. (The config itself is read and
+written by dflash_model.config_from_published / published_config.)
 
 model.safetensors holds, all `.weight` and without biases: `fc` [H, n*H] (n = len(target_layer_ids)),
 `hidden_norm` [H], `norm` [H], and per drafter layer N `layers.N.input_layernorm`,
@@ -42,15 +43,15 @@ from safetensors.torch import save_file
 
 from verispec.models.qwen2 import CausalLM
 from verispec.spec_decode.dflash_model import (
+    CONFIG,
     DFlashConfig,
     DFlashDrafter,
     check_fingerprint,
-    default_gamma,
-    default_target_layers,
+    config_from_published,
+    published_config,
 )
 
-WEIGHTS, INDEX, CONFIG = "model.safetensors", "model.safetensors.index.json", "config.json"
-ARCHITECTURE = "DFlashDraftModel"
+WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
 
 # Inside `layers.N.`: our module name -> the published one.
 _LAYER_NAMES = {
@@ -86,154 +87,6 @@ def our_name(name: str) -> str | None:
         mod = _OUR_LAYER_NAMES.get(".".join(parts[2:-1]))
         return None if mod is None else f"layers.{parts[1]}.{mod}.{parts[-1]}"
     return name if name in ("fc.weight", "hidden_norm.weight", "norm.weight") else None
-
-
-def published_config(cfg: DFlashConfig, dtype: torch.dtype = torch.bfloat16) -> dict:
-    """The published config.json of a drafter (plus verispec's target_name, target_fingerprint and
-    loss_gamma; `verispec_extra` when cfg.extra is set)."""
-    n = cfg.num_layers
-    d = {
-        "architectures": [ARCHITECTURE],
-        "model_type": "qwen3",
-        "dflash_config": {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layers)},
-        "block_size": cfg.block_size,
-        "num_target_layers": cfg.num_target_layers,
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": n,
-        "num_attention_heads": cfg.num_heads,
-        "num_key_value_heads": cfg.num_kv_heads,
-        "head_dim": cfg.head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": cfg.rms_norm_eps,
-        "rope_theta": cfg.rope_theta,
-        "rope_scaling": None,
-        "max_position_embeddings": cfg.max_position_embeddings,
-        "vocab_size": cfg.vocab_size,
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "layer_types": ["full_attention"] * n,
-        "use_sliding_window": False,
-        "sliding_window": None,
-        "max_window_layers": n,
-        "torch_dtype": str(dtype).removeprefix("torch."),
-        "target_name": cfg.target_name,
-        "target_fingerprint": cfg.target_fingerprint,
-        "loss_gamma": cfg.loss_gamma,
-    }
-    for key in ("num_target_layers", "target_fingerprint"):
-        if d[key] is None:
-            del d[key]
-    if cfg.extra:
-        d["verispec_extra"] = cfg.extra
-    return d
-
-
-def _unsupported(d: dict, dc: dict) -> list[str]:
-    """What the config switches on that DFlashDrafter does not compute."""
-    def val(key):
-        return dc.get(key, d.get(key))
-
-    out = []
-    if d.get("hidden_act", "silu") != "silu":
-        out.append(f"hidden_act {d['hidden_act']!r} (only silu)")
-    if d.get("attention_bias"):
-        out.append("attention biases (attention_bias)")
-    kinds = sorted({t for t in d.get("layer_types") or [] if t != "full_attention"})
-    if kinds:
-        out.append(f"layer_types {kinds} (only full_attention)")
-    if d.get("use_sliding_window") or val("use_swa"):
-        out.append("sliding-window attention")
-    if d.get("is_causal") or dc.get("causal"):
-        out.append("causal attention inside the block")
-    ropes = [r for r in (d.get("rope_scaling"), d.get("rope_parameters")) if isinstance(r, dict)]
-    kinds = sorted({r.get("rope_type", r.get("type", "default")) for r in ropes} - {"default"})
-    if kinds:
-        out.append(f"rope type {kinds} (only default)")
-    if float(d.get("partial_rotary_factor", 1.0)) != 1.0:
-        out.append("partial rotary embeddings (partial_rotary_factor)")
-    if d.get("v_head_dim") not in (None, d.get("head_dim", 128)):
-        out.append("v_head_dim different from head_dim")
-    for key in ("input_embedding_scale", "output_multiplier", "logit_scale", "attention_value_scale"):
-        v = val(key)
-        if v is not None and float(v) != 1.0:
-            out.append(f"{key} {v}")
-    if val("final_logit_softcapping"):
-        out.append("final_logit_softcapping")
-    if val("attention_sink_bias"):
-        out.append("attention sinks (attention_sink_bias)")
-    if val("projector_type") not in (None, "dflash"):
-        out.append(f"projector_type {val('projector_type')!r}")
-    if d.get("target_hidden_size") not in (None, d.get("hidden_size")):
-        out.append(f"target_hidden_size {d['target_hidden_size']} different from hidden_size")
-    if d.get("draft_vocab_size") not in (None, d.get("vocab_size")):
-        out.append("a reduced draft vocabulary (draft_vocab_size)")
-    return out
-
-
-def config_from_published(d: dict, where: str = "") -> DFlashConfig:
-    """DFlashConfig from a published config.json (defaults as transformers' Qwen3Config has them;
-    rope_theta and mask_token_id must be given). Raises ValueError naming what does not fit."""
-    def refuse(msg: str):
-        raise ValueError(f"DFlash drafter {where!r}: {msg}")
-
-    archs = d.get("architectures") or []
-    if ARCHITECTURE not in archs:
-        refuse(f"{CONFIG} names architectures {archs}; verispec runs {ARCHITECTURE} drafters only")
-    dc = d.get("dflash_config") or {}
-    if not isinstance(dc, dict):
-        refuse("dflash_config must be an object")
-    missing = object()
-
-    def get(key, default=missing):
-        v = dc.get(key, d.get(key, missing))
-        if v is missing or v is None:
-            if default is missing:
-                refuse(f"{CONFIG} gives no {key}")
-            return default
-        return v
-
-    def num(key, default=missing, kind=int):
-        v = get(key, default)
-        try:
-            return kind(v)
-        except (TypeError, ValueError):
-            refuse(f"{CONFIG}: {key} must be a number, got {v!r}")
-
-    bad = _unsupported(d, dc)
-    if bad:
-        refuse("it uses " + "; ".join(bad) + ", which verispec's DFlash drafter does not compute")
-    rope = d.get("rope_parameters") if isinstance(d.get("rope_parameters"), dict) else {}
-    rope_theta = d.get("rope_theta", rope.get("rope_theta"))
-    if rope_theta is None:
-        refuse(f"{CONFIG} gives no rope_theta (nor rope_parameters.rope_theta)")
-    num_layers, num_heads = num("num_hidden_layers"), num("num_attention_heads")
-    n_target = None if get("num_target_layers", None) is None else num("num_target_layers")
-    layer_ids = get("target_layer_ids", None)
-    if layer_ids is None:
-        if n_target is None:
-            refuse(f"{CONFIG} gives neither dflash_config.target_layer_ids nor num_target_layers")
-        layer_ids = default_target_layers(n_target, num_layers)
-    if not isinstance(layer_ids, list) or not all(isinstance(i, int) for i in layer_ids):
-        refuse(f"target_layer_ids must be a list of integers, got {layer_ids!r}")
-    block_size = num("block_size", 16)
-    fingerprint = d.get("target_fingerprint")
-    cfg = DFlashConfig(
-        target_layers=list(layer_ids), hidden_size=num("hidden_size"), num_layers=num_layers, num_heads=num_heads,
-        num_kv_heads=num("num_key_value_heads", num_heads), head_dim=num("head_dim", 128),
-        intermediate_size=num("intermediate_size"), vocab_size=num("vocab_size"), block_size=block_size,
-        mask_token_id=num("mask_token_id"), rope_theta=float(rope_theta),
-        rms_norm_eps=num("rms_norm_eps", 1e-6, float), max_position_embeddings=num("max_position_embeddings", 32768),
-        loss_gamma=num("loss_gamma", dc.get("loss_decay_gamma", default_gamma(block_size)), float),
-        num_target_layers=n_target, target_name=d.get("target_name") or "",
-        target_fingerprint=fingerprint if isinstance(fingerprint, dict) and fingerprint else None,
-        extra=d.get("verispec_extra") or {},
-    )
-    try:
-        cfg.validate()
-    except ValueError as e:
-        refuse(str(e))
-    return cfg
 
 
 def read_weights(path: Path, where: str, device="cpu") -> dict[str, torch.Tensor]:
