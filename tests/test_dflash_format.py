@@ -26,6 +26,7 @@ from verispec.spec_decode.dflash import load_drafter, save_drafter
 from verispec.spec_decode.dflash_model import (
     DFlashDrafter,
     block_attention_mask,
+    default_target_layers,
     new_config,
     target_fingerprint,
 )
@@ -324,7 +325,7 @@ def test_published_variants_load(ckpt, tmp_path, variant):
         c["rope_parameters"] = {"rope_theta": c.pop("rope_theta"), "rope_type": "default"}
         del c["rope_scaling"]
     elif variant == "default_layer_ids":
-        del c["dflash_config"]["target_layer_ids"]  # 2 target layers, 2 drafter layers: both of them
+        del c["dflash_config"]["target_layer_ids"]  # a target no deeper than the drafter: all its layers
     path = write_checkpoint(tmp_path, c, t)
     if variant == "sharded":
         (path / "model.safetensors").unlink()
@@ -336,6 +337,14 @@ def test_published_variants_load(ckpt, tmp_path, variant):
     d, ref = load_drafter(path, "cpu", torch.float32), load_drafter(ckpt, "cpu", torch.float32)
     assert d.config == ref.config
     assert all(torch.equal(a, b) for a, b in zip(d.state_dict().values(), ref.state_dict().values(), strict=True))
+
+
+def test_default_layer_ids_follow_published_rule():
+    """Without target_layer_ids, the published drafters take num_hidden_layers layers spread from 1 to
+    L - 3 (the middle one for a 1-layer drafter); verispec's default is the same rule."""
+    assert default_target_layers(36, 5) == [1, 9, 17, 25, 33]  # z-lab's Qwen3-4B/8B drafters
+    assert default_target_layers(64, 2) == [1, 61] and default_target_layers(24, 1) == [12]
+    assert default_target_layers(28, 5) == [1, 7, 13, 19, 25]
 
 
 # ---- (c) refusals ----------------------------------------------------------------------------------------
