@@ -205,6 +205,20 @@ class CudaGraphRunner:
         self.capture_seconds += time.perf_counter() - start
         log.debug("captured CUDA graph (batch %d, query %d) in %.2fs", b, q, time.perf_counter() - start)
 
+    @torch.inference_mode()
+    def replay_padding(self, b: int, q: int) -> None:
+        """Replay shape (b, q) over padding rows only (their K/V go to the scratch block, nothing of a
+        request is touched), capturing it first when lazy: what start-up timing runs (no host sync)."""
+        if self.lazy and (b, q) not in self.graphs:
+            self._capture_now(b, q)
+        self.query_start_loc[0] = 0
+        self._fill(0, b, q)
+        entry = self.graphs.get((b, q))
+        if entry is not None:
+            entry[0].replay()
+        else:  # capture=False
+            self._forward(b, q)
+
     # ---- replay ----------------------------------------------------------------------------
     def padded_batch(self, num_seqs: int) -> int | None:
         return next((b for b in self.batch_sizes if b >= num_seqs), None)
