@@ -145,7 +145,9 @@ def test_acceptance_walk_equals_engine_counters(model, tmp_path):
     walk = evaluate.acceptance_walk(d, model, samples)
     save_drafter(d, tmp_path, torch.float32)
 
-    eng = tiny_engine(model, spec={"method": "dflash", "model": str(tmp_path), "num_speculative_tokens": BLOCK - 1})
+    # Fixed k: the walk verifies a full block at every step, as the engine does without adaptive speculation.
+    eng = tiny_engine(model, spec={"method": "dflash", "model": str(tmp_path), "num_speculative_tokens": BLOCK - 1,
+                                   "adaptive": False})
     sp = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     assert [o.outputs[0].token_ids for o in run_all(eng, ps, sp)] == [r for _, r in seqs]
     m = eng.get_metrics()
