@@ -166,3 +166,39 @@ def test_loops_agree_when_requests_stop_mid_batch(model, method):
     sync, overlapped = run(False), run(True)
     assert "stop" in sync[1]
     assert overlapped == sync
+
+
+def test_measured_cost_from_graph_replays():
+    """The CUDA start-up measurement, run on the CPU: a CudaGraphRunner with capture=False times its
+    eager padded forward per shape (the measured batch sizes and every query length); the engine's step
+    cost is then built on that table ("self" drafts with the target's own)."""
+    import torch
+    from tiny import metadata_attention
+
+    from verispec.spec_decode.cost import AUTOREGRESSIVE, HOST, ShapeTable
+    from verispec.spec_decode.draft_model import DraftModelProposer
+    from verispec.spec_decode.measure import build_step_cost, measure_graphs
+    from verispec.spec_decode.ngram import NgramProposer
+    from verispec.worker.graphs import CudaGraphRunner
+    from verispec.worker.inputs import allocate_kv_cache
+
+    m = tiny_model(tiny_config(vocab=512))
+    m.attn_fn = metadata_attention
+    c = m.config
+    kv = allocate_kv_cache(c.num_layers, 9, 8, c.num_kv_heads, c.head_dim, torch.float32, "cpu")
+    graphs = CudaGraphRunner(m, kv, max_batch=8, query_lens=(1, 1 + K), block_size=8, max_blocks_per_seq=4,
+                             capture=False)
+    table = measure_graphs(graphs, reps=3)
+    assert set(table.times) == {(b, q) for b in (1, 4, 8) for q in (1, 1 + K)}
+    assert all(t > 0 for t in table.times.values())
+
+    class Runner:
+        pass
+
+    runner = Runner()
+    runner.graphs = graphs
+    ngram = build_step_cost(m, NgramProposer(K, 1, 3), runner, torch.device("cpu"), measure=True)
+    assert ngram.drafter_kind == HOST and isinstance(ngram.target, ShapeTable)
+    own = build_step_cost(m, DraftModelProposer(m, K, "cpu", torch.float32), runner, torch.device("cpu"), measure=True)
+    assert own.drafter_kind == AUTOREGRESSIVE and own.drafter_forward is own.target and own.catch_up == K + 1
+    assert 0 < own.seconds(0, 4) < own.seconds(K, 4)

@@ -21,6 +21,7 @@ Host work per engine step (both): an assumed constant plus a constant per sequen
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -71,29 +72,33 @@ def _rounded(seconds: float) -> float:
 
 
 def measure_graphs(graphs, reps: int = 5) -> ShapeTable:
-    """Time replays of a CudaGraphRunner's shapes (capturing the measured ones if they are lazy)."""
+    """Time replays of a CudaGraphRunner's shapes (capturing the measured ones if they are lazy): the
+    median of `reps` replays each, the device synchronized around each (a runner with capture=False
+    times its eager padded forward the same way, on any device)."""
+    dev = graphs.input_ids.device
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda *_: None)
     sizes = graphs.batch_sizes
     batches = sorted({b for b in sizes if b in MEASURED_BATCHES} | {sizes[-1]})
     times = {}
     for q in graphs.query_lens:
         for b in batches:
             graphs.replay_padding(b, q)  # capture + warm up
-            torch.cuda.synchronize()
-            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                      for _ in range(reps)]
-            for start, end in events:
-                start.record()
+            sync(dev)
+            secs = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
                 graphs.replay_padding(b, q)
-                end.record()
-            torch.cuda.synchronize()
-            ms = sorted(s.elapsed_time(e) for s, e in events)[reps // 2]
-            times[(b, q)] = _rounded(ms / 1e3)
+                sync(dev)
+                secs.append(time.perf_counter() - t0)
+            times[(b, q)] = _rounded(sorted(secs)[reps // 2])
     return ShapeTable(times, tuple(sizes), tuple(graphs.query_lens))
 
 
-def build_step_cost(model: torch.nn.Module, proposer, runner, device: torch.device) -> ModeledStepCost:
-    """The step cost of an engine: its target `model` run by `runner` (runner.graphs on CUDA) and its
-    `proposer` (a Proposer; its class says how it drafts)."""
+def build_step_cost(model: torch.nn.Module, proposer, runner, device: torch.device,
+                    measure: bool | None = None) -> ModeledStepCost:
+    """The step cost of an engine: its target `model` run by `runner` and its `proposer` (a Proposer;
+    its class says how it drafts). measure: time runner.graphs (and a draft model's graphs); None: on
+    CUDA when there are graphs, else the analytic default."""
     from verispec.spec_decode.dflash import DFlashProposer
     from verispec.spec_decode.draft_model import DraftModelProposer
 
@@ -101,14 +106,15 @@ def build_step_cost(model: torch.nn.Module, proposer, runner, device: torch.devi
     rates = CUDA_RATES if cuda else CPU_RATES
     layers = model.config.num_layers
     graphs = getattr(runner, "graphs", None)
-    target: ForwardCost = measure_graphs(graphs) if cuda and graphs is not None else analytic_forward(
-        model, rates, layers)
+    if measure is None:
+        measure = cuda and graphs is not None
+    target: ForwardCost = measure_graphs(graphs) if measure else analytic_forward(model, rates, layers)
     common = dict(target=target, overhead=rates.host_per_step, overhead_per_seq=rates.host_per_seq)
     if isinstance(proposer, DraftModelProposer):
         draft = proposer.model
         if draft is model:
             fwd = target
-        elif cuda and proposer.graphs is not None:
+        elif measure and proposer.graphs is not None:
             fwd = measure_graphs(proposer.graphs)
         else:
             fwd = analytic_forward(draft, rates, draft.config.num_layers)
