@@ -63,12 +63,13 @@ class PolicyParams:
 class AcceptanceStats:
     """One request's decayed per-position counts and its probe clock."""
 
-    __slots__ = ("reach", "accept", "prior_weight", "last_verified")
+    __slots__ = ("reach", "accept", "prior_weight", "last_verified", "_tokens")
 
     def __init__(self, max_k: int, prior_strength: float = 1.0) -> None:
         self.reach = [0.0] * max_k
         self.accept = [0.0] * max_k
         self.prior_weight = prior_strength
+        self._tokens: list[float] | None = None  # expected_tokens(), until the next observe
         # Output index of the first token of the request's last verification that carried drafts.
         self.last_verified = 0
 
@@ -77,6 +78,7 @@ class AcceptanceStats:
         output index output_index (a step without drafts changes nothing)."""
         if num_drafts <= 0:
             return
+        self._tokens = None
         reach, accept = self.reach, self.accept
         n = len(reach)
         for i in range(n):
@@ -100,11 +102,20 @@ class AcceptanceStats:
 
     def expected_accepted(self, k: int, prior_mean: float) -> float:
         """L(k): expected accepted drafts of a verification with k drafts."""
-        total, run = 0.0, 1.0
-        for p in self.conditional(prior_mean)[:k]:
-            run *= p
-            total += run
-        return total
+        return self.expected_tokens(prior_mean)[k] - 1.0
+
+    def expected_tokens(self, prior_mean: float) -> list[float]:
+        """1 + L(k) for k = 0..max_k: tokens a verification of k drafts emits on average (cached until the
+        next observe; prior_mean is the policy's, which never changes)."""
+        t = self._tokens
+        if t is None:
+            t, run, total = [1.0], 1.0, 1.0
+            for p in self.conditional(prior_mean):
+                run *= p
+                total += run
+                t.append(total)
+            self._tokens = t
+        return t
 
 
 class SpeculationPolicy:
@@ -118,6 +129,7 @@ class SpeculationPolicy:
         self.params = params or PolicyParams()
         self.decay = 2.0 ** (-1.0 / self.params.half_life)
         self.stats: dict[str, AcceptanceStats] = {}
+        self._fresh = AcceptanceStats(max_k, self.params.prior_strength)  # a request never verified
         self._costs: dict[int, list[float]] = {}  # batch -> seconds of a step at k = 0..max_k
 
     def _stats(self, request_id: str) -> AcceptanceStats:
@@ -150,14 +162,13 @@ class SpeculationPolicy:
             return 0
         costs = self.step_costs(max(1, batch))
         st = self.stats.get(request_id)
-        ps = [self.params.prior_mean] * self.max_k if st is None else st.conditional(self.params.prior_mean)
+        if st is None:
+            st = self._fresh
+        tokens = st.expected_tokens(self.params.prior_mean)
         gain = 1.0 + self.params.min_gain
         best_k, best = 0, 1.0 / costs[0]
-        run, length = 1.0, 0.0
         for k in range(1, k_cap + 1):
-            run *= ps[k - 1]
-            length += run
-            rate = (1.0 + length) / costs[k]
+            rate = tokens[k] / costs[k]
             if rate > best * gain:
                 best_k, best = k, rate
         return best_k
