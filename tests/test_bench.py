@@ -150,12 +150,16 @@ def test_spec_methods_and_hf_peer_identity(tmp_path):
     k = 3
     res = _bench(tmp_path, "spec", "--prompts", str(prompts), "--num-prompts", "2", "--batch-sizes", "1,2",
                  "--output-len", "6", "-k", str(k), "--draft-model", "qwen2.5-coder-0.5b-instruct",
-                 "--methods", "none,ngram,self,draft_model", "--peer", "hf", "--no-compile")
+                 "--methods", "none,ngram,self,draft_model", "--peer", "hf", "--no-compile", "--repeats", "2")
     rows = {(r["method"], r["batch_size"]): r for r in res["rows"]}
     assert set(rows) == {(m, b) for m in ("none", "ngram", "self", "draft_model") for b in (1, 2)}
-    for (method, _), r in rows.items():
+    for (method, b), r in rows.items():
         assert r["tok_s"] > 0 and r["output_tokens"] == 12 and r["mismatches"] == 0
+        assert len(r["runs"]) == 2 and r["tok_s"] in r["runs"]  # the median of the repeats
+        assert r["speedup"] == pytest.approx(r["tok_s"] / rows[("none", b)]["tok_s"])
+        assert 0 <= r["mean_k"] <= k and r["num_steps"] > 0
         if method != "none":
+            assert r["adaptive"] is True
             assert 0 <= r["acceptance_rate"] <= 1 and len(r["acceptance_per_pos"]) == k
             assert all(0 <= a <= 1 for a in r["acceptance_per_pos"])
             assert 1 <= r["mean_acceptance_length"] <= k + 1
@@ -164,6 +168,25 @@ def test_spec_methods_and_hf_peer_identity(tmp_path):
     assert set(peers) == {"hf eager", "hf assisted", "hf prompt lookup"}
     for p in peers.values():  # same weights, greedy: transformers gives verispec's tokens exactly
         assert "error" not in p and p["mismatches"] == 0 and p["tok_s"] > 0
+
+
+def test_spec_pinned_k_and_default_sweep(tmp_path):
+    """--no-adaptive pins k: "self" on 6 output tokens verifies k = 3 drafts after the first token (all
+    accepted), then 0 (trimmed at max_tokens), so 1.5 drafts per request-step. The default sweep is
+    batch sizes 1, 4, 16, 64, a batch size above --num-prompts running that many prompts."""
+    from verispec.entrypoints.cli import build_parser
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt_token_ids": [7, 8, 9, 10, 7, 8, 9]}\n{"prompt_token_ids": [1, 2, 3, 1, 2, 3, 1, 2]}\n')
+    res = _bench(tmp_path, "spec", "--prompts", str(prompts), "--num-prompts", "1", "--batch-sizes", "1,2",
+                 "--output-len", "6", "-k", "3", "--methods", "none,self", "--no-adaptive", "--repeats", "1")
+    rows = {(r["method"], r["batch_size"]): r for r in res["rows"]}
+    assert [rows[("none", b)]["output_tokens"] for b in (1, 2)] == [6, 12]
+    for b in (1, 2):
+        r = rows[("self", b)]
+        assert r["adaptive"] is False and r["mean_k"] == 1.5 and r["acceptance_rate"] == 1.0 and len(r["runs"]) == 1
+    args = build_parser().parse_args(["bench", "spec"])
+    assert args.batch_sizes == [1, 4, 16, 64] and args.adaptive is True and args.repeats == 3
 
 
 def test_spec_dflash_random_drafter(tmp_path):

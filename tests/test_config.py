@@ -128,7 +128,7 @@ def test_configs_are_frozen_and_hashable():
 
 def test_speculative_config_adaptive_and_keys():
     sc = SpeculativeConfig.from_dict({"method": "ngram"})
-    assert sc.adaptive is True  # the contract's default (stored; the engine pins k for now)
+    assert sc.adaptive is True  # the contract's default
     assert SpeculativeConfig.from_dict({"method": "ngram", "adaptive": False}).adaptive is False
     with pytest.raises(ValueError, match="adaptive"):
         SpeculativeConfig.from_dict({"method": "ngram", "adaptive": "sometimes"})

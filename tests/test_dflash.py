@@ -229,7 +229,7 @@ def test_padded_drafting_step_changes_nothing(model, drafter_dir, reference):
     ps, ref = reference
 
     def run(pad: int | None):
-        eng = tiny_engine(model, spec=spec(drafter_dir, k=5), block_size=8)
+        eng = tiny_engine(model, spec={**spec(drafter_dir, k=5), "adaptive": False}, block_size=8)  # drafts every step
         if pad is not None:
             eng.proposer.step.batch_sizes = [pad]  # no graph captured: the padded step runs eagerly
         real, drafts = eng.proposer.propose, []

@@ -69,7 +69,9 @@ def training_context(model, drafter: DFlashDrafter, tokens: list[int]) -> list[t
 def test_engine_block_logits_equal_training(model, drafter_dir, async_scheduling):
     ps = shared_prefix_prompts()
     ref = [o.outputs[0].token_ids for o in run_all(tiny_engine(model), ps, GREEDY)]
-    eng = tiny_engine(model, spec={"method": "dflash", "model": str(drafter_dir), "num_speculative_tokens": BLOCK - 1},
+    # Fixed k: every step drafts a full block, so each request has enough anchors to compare.
+    eng = tiny_engine(model, spec={"method": "dflash", "model": str(drafter_dir), "num_speculative_tokens": BLOCK - 1,
+                                   "adaptive": False},
                       block_size=8, max_num_batched_tokens=16, async_scheduling=async_scheduling)
     prop = eng.proposer
     real_logits, real_propose = prop._draft_logits, prop.propose
@@ -145,7 +147,9 @@ def test_acceptance_walk_equals_engine_counters(model, tmp_path):
     walk = evaluate.acceptance_walk(d, model, samples)
     save_drafter(d, tmp_path, torch.float32)
 
-    eng = tiny_engine(model, spec={"method": "dflash", "model": str(tmp_path), "num_speculative_tokens": BLOCK - 1})
+    # Fixed k: the walk verifies a full block at every step, as the engine does without adaptive speculation.
+    eng = tiny_engine(model, spec={"method": "dflash", "model": str(tmp_path), "num_speculative_tokens": BLOCK - 1,
+                                   "adaptive": False})
     sp = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     assert [o.outputs[0].token_ids for o in run_all(eng, ps, sp)] == [r for _, r in seqs]
     m = eng.get_metrics()

@@ -204,8 +204,8 @@ def prompts(n=3, seed=4) -> list[list[int]]:
     return [base + [rng.randrange(100, 3000) for _ in range(rng.randrange(2, 15))] for _ in range(n)]
 
 
-def spec(path, k=3) -> dict:
-    return {"method": "dflash", "model": str(path), "num_speculative_tokens": k}
+def spec(path, k=3, adaptive: bool = True) -> dict:
+    return {"method": "dflash", "model": str(path), "num_speculative_tokens": k, "adaptive": adaptive}
 
 
 # ---- (a) the same math as the published reference --------------------------------------------------------
@@ -237,7 +237,7 @@ def test_engine_drafts_equal_published_reference(model, hf, ckpt):
     """Inside the engine (the target's captured layers, the paged context cache, the drafting step),
     the first block of a request has the reference's logits: verispec's captured layer i is
     transformers' hidden_states[i + 1], the last layer's after the final norm."""
-    eng = tiny_engine(model, spec=spec(ckpt, k=BLOCK - 1))
+    eng = tiny_engine(model, spec=spec(ckpt, k=BLOCK - 1, adaptive=False))  # every step drafts a full block
     assert eng.runner.capture_layers == tuple(LAYER_IDS)
     prop, seen = eng.proposer, []
     real = prop._draft_logits

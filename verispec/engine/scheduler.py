@@ -270,6 +270,10 @@ class Scheduler:
         except ValueError:
             return req.num_tokens
 
+    def length_reached(self, req: Request, n: int) -> bool:
+        """True when n output tokens reach the request's max_tokens or the model length."""
+        return self._length_reached(req, n)
+
     def _length_reached(self, req: Request, n: int | None = None) -> bool:
         """True when n output tokens (default: the current count) reach max_tokens or the model
         length. (Request.max_tokens and num_tokens inlined: this runs for every committed token.)"""

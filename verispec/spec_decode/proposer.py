@@ -74,7 +74,14 @@ class Proposer:
     def free_request(self, request_id: str) -> None:  # noqa: B027 - optional hook
         """Forget a finished or preempted request."""
 
-    def num_drafts_for(self, req: Request) -> int:
+    def max_drafts_for(self, req: Request) -> int:
         """k, trimmed so drafts never run past max_tokens or the context."""
         left = min(req.max_tokens - len(req.output_token_ids), self.max_model_len - req.num_tokens) - 1
         return max(0, min(self.k, left))
+
+    def num_drafts_for(self, req: Request) -> int:
+        """The drafts to propose for req now: max_drafts_for, capped by the speculation policy's
+        choice for its next step (req.draft_limit; None without adaptive speculation)."""
+        k = self.max_drafts_for(req)
+        limit = req.draft_limit
+        return k if limit is None or limit >= k else max(0, limit)

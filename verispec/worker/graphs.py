@@ -268,6 +268,16 @@ class CudaGraphRunner(GraphRunner):
         self._fill(0, b, q)
         return self._meta(b, q)
 
+    @torch.inference_mode()
+    def replay_padding(self, b: int, q: int) -> None:
+        """Replay shape (b, q) over padding rows only (their K/V go to the scratch block, nothing of a
+        request is touched), capturing it first when lazy: what start-up timing runs (no host sync)."""
+        key = (b, q)
+        self.ensure(key)
+        meta = self._pad(key)
+        if self.replay(key, meta) is None:  # capture=False: the same forward, eagerly
+            self._forward(key)
+
     # ---- replay ----------------------------------------------------------------------------
     def padded_batch(self, num_seqs: int) -> int | None:
         return next((b for b in self.batch_sizes if b >= num_seqs), None)

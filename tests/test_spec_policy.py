@@ -1,0 +1,183 @@
+"""The adaptive speculation policy and its cost model on their own (spec_decode/policy.py, cost.py):
+synthetic acceptance sequences and deterministic costs, no engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from verispec.spec_decode.cost import (
+    AUTOREGRESSIVE,
+    BLOCK,
+    HOST,
+    LinearForward,
+    ModeledStepCost,
+    ScaledForward,
+    ShapeTable,
+)
+from verispec.spec_decode.policy import AcceptanceStats, PolicyParams, SpeculationPolicy
+
+K = 4
+# A step of b requests at k drafts: a fixed 1.0 plus 0.02 per token (a memory-bound target at small b).
+LINEAR = ModeledStepCost(target=LinearForward(1.0, 0.02))
+
+
+class Request:
+    """Drives one synthetic request through the policy: each step it verifies the chosen k drafts, of
+    which `accepts(output_index)` says how many are right."""
+
+    def __init__(self, policy: SpeculationPolicy, rid: str = "r") -> None:
+        self.policy, self.rid, self.n = policy, rid, 0
+        self.ks: list[tuple[int, int]] = []  # (output index, k) per step
+
+    def step(self, accepted_prefix: int, batch: int = 1, k_cap: int = K) -> int:
+        k = self.policy.choose(self.rid, self.n, k_cap, batch)
+        self.ks.append((self.n, k))
+        a = min(k, accepted_prefix)
+        self.policy.observe(self.rid, k, a + 1, self.n)
+        self.n += a + 1
+        return k
+
+    def run_until(self, n_out: int, accepted_prefix: int, batch: int = 1) -> list[int]:
+        ks = []
+        while self.n < n_out:
+            ks.append(self.step(accepted_prefix, batch))
+        return ks
+
+
+def test_reach_and_accept_counts_per_position():
+    st = AcceptanceStats(4)
+    st.observe(3, 1, output_index=10, decay=1.0)  # 3 drafts, the first accepted: positions 0, 1 reached
+    assert st.reach == [1, 1, 0, 0] and st.accept == [1, 0, 0, 0] and st.last_verified == 10
+    st.observe(4, 4, output_index=12, decay=1.0)
+    assert st.reach == [2, 2, 1, 1] and st.accept == [2, 1, 1, 1]
+    st.observe(0, 0, output_index=17, decay=0.5)  # a step without drafts changes nothing
+    assert st.reach == [2, 2, 1, 1] and st.last_verified == 12
+    st.observe(1, 0, output_index=17, decay=0.5)  # old counts decay before a verification is added
+    assert st.reach == [2, 1, 0.5, 0.5] and st.accept == [1, 0.5, 0.5, 0.5] and st.last_verified == 17
+    assert st.prior_weight == 0.5  # the prior decays like the counts (from 1.0)
+    # Position i's prior is position i - 1's estimate.
+    p = AcceptanceStats(2, prior_strength=2.0).conditional(0.6)
+    assert p == pytest.approx([0.6, 0.6])
+    st = AcceptanceStats(2, prior_strength=2.0)
+    st.observe(2, 0, 0, 1.0)
+    p = st.conditional(0.6)
+    assert p[0] == pytest.approx(1.2 / 3) and p[1] == pytest.approx(p[0])  # position 1 never reached
+    assert st.expected_accepted(2, 0.6) == pytest.approx(p[0] + p[0] * p[1])
+    st = AcceptanceStats(2, prior_strength=1.0)
+    for _ in range(200):
+        st.observe(2, 0, 0, 0.5)
+    assert st.conditional(0.6)[0] < 1e-9  # never accepted: no floor from the prior
+
+
+def test_always_accepted_keeps_k_at_max():
+    pol = SpeculationPolicy(K, LINEAR)
+    ks = Request(pol).run_until(400, accepted_prefix=K)
+    assert ks[0] >= K - 1 and all(k == K for k in ks[1:])  # the prior alone (p = 0.5) is nearly enough
+
+
+def test_never_accepted_goes_to_zero_and_probes():
+    params = PolicyParams()
+    pol = SpeculationPolicy(K, LINEAR, params)
+    req = Request(pol)
+    req.run_until(600, accepted_prefix=0)
+    warm = [k for n, k in req.ks if n < 16]
+    assert warm[0] >= K - 1 and 0 in warm  # optimistic start, then it learns
+    late = [(n, k) for n, k in req.ks if n >= 64]
+    probes = [n for n, k in late if k > 0]
+    assert all(k <= params.probe_k for _, k in late)
+    assert probes and len(probes) <= len(late) // params.probe_min
+    # The probe interval grows with the output count, up to probe_max.
+    gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
+    assert all(g >= params.probe_interval(a) for a, g in zip(probes, gaps, strict=False))
+    assert gaps[-1] == params.probe_max
+
+
+def test_k_follows_acceptance_changes_mid_request():
+    """Predictable text, then unpredictable, then predictable again: k goes K -> 0 (probes) -> K."""
+    pol = SpeculationPolicy(K, LINEAR)
+    req = Request(pol)
+    req.run_until(200, accepted_prefix=K)
+    assert req.ks[-1][1] == K
+    req.run_until(400, accepted_prefix=0)
+    first_zero = next(n for n, k in req.ks if n >= 200 and k == 0)
+    assert first_zero - 200 <= 48  # within a few half-lives of the counts
+    assert all(k <= 1 for n, k in req.ks if n >= 260 and n < 400)
+    req.run_until(600, accepted_prefix=K)
+    back = next(n for n, k in req.ks if n >= 400 and k == K)
+    assert back - 400 <= 2 * PolicyParams().probe_max  # a probe finds it, then drafts come back
+    assert all(k == K for n, k in req.ks if n >= back)
+
+
+def test_partial_acceptance_picks_a_middle_k_and_batch_lowers_it():
+    """Position-dependent acceptance (0.9, then 0.3): a few drafts pay, all of them not; a bigger batch
+    (each extra token costs more relative to the fixed part) never asks for more drafts."""
+    pol = SpeculationPolicy(K, ModeledStepCost(target=LinearForward(1.0, 0.05)))
+    st = pol.stats["r"] = AcceptanceStats(K, 0.0)
+    st.reach, st.accept = [100.0, 90.0, 27.0, 8.0], [90.0, 27.0, 8.0, 2.4]
+    ks = [pol.best_k("r", K, b) for b in (1, 2, 4, 8, 16, 32, 64, 128)]
+    assert ks[0] == 2 and ks[-1] == 0
+    assert ks == sorted(ks, reverse=True)
+
+
+def test_choose_is_pure_and_capped():
+    pol = SpeculationPolicy(K, LINEAR)
+    Request(pol).run_until(100, accepted_prefix=0)
+    a = [pol.choose("r", n, K, 4) for n in range(100, 200)]
+    assert a == [pol.choose("r", n, K, 4) for n in range(100, 200)]  # no state changes in choose
+    assert pol.choose("r", 150, 0, 4) == 0 and pol.choose("new", 0, 2, 1) <= 2
+    pol.forget("r")
+    assert "r" not in pol.stats
+
+
+def test_expected_throughput_is_smooth_in_batch():
+    """No cliffs: as the batch grows one request at a time, the policy's expected tokens per second per
+    request moves by small steps (it switches k only where two k give nearly the same rate) and stays
+    within min_gain of the best fixed k's (a continuous envelope)."""
+    cost = ModeledStepCost(target=LinearForward(1.0, 0.01), overhead_per_seq=0.001)
+    pol = SpeculationPolicy(K, cost)
+    st = pol.stats["r"] = AcceptanceStats(K, 0.0)
+    st.reach, st.accept = [50.0, 35.0, 21.0, 10.0], [35.0, 21.0, 10.0, 4.0]
+
+    def rate(k: int, b: int) -> float:
+        return (1 + st.expected_accepted(k, 0.5)) / cost.seconds(k, b)
+
+    bs = range(1, 257)
+    chosen = [rate(pol.best_k("r", K, b), b) for b in bs]
+    best = [max(rate(k, b) for k in range(K + 1)) for b in bs]
+    # Each fixed k's own curve moves by at most this from one batch size to the next:
+    fixed = max(abs(rate(k, b + 1) - rate(k, b)) / rate(k, b) for k in range(K + 1) for b in bs)
+    assert len({pol.best_k("r", K, b) for b in bs}) >= 3  # k really changes along the way
+    assert all(abs(y - x) / x <= fixed + 2 * pol.params.min_gain for x, y in zip(chosen, chosen[1:], strict=False))
+    assert all(c >= b / (1 + pol.params.min_gain) for c, b in zip(chosen, best, strict=True))
+    assert pol.best_k("r", K, 1) > pol.best_k("r", K, 256)
+
+
+def test_shape_table_pads_like_the_runner():
+    times = {(1, 1): 1.0, (8, 1): 1.4, (32, 1): 2.0, (1, 5): 1.1, (8, 5): 2.0, (32, 5): 5.0}
+    t = ShapeTable(times, graph_batches=(1, 2, 4, 8, 16, 32), query_lens=(1, 5))
+    assert t(1, 1) == 1.0 and t(8, 8) == 1.4
+    assert t(3, 3) == pytest.approx(1.0 + 0.4 * 3 / 7)  # batch 3 runs the batch-4 graph: between 1 and 8
+    assert t(10, 5) == pytest.approx(t(20, 5))  # 2 queries per row pad to 5
+    assert t(9 * 5, 9) == pytest.approx(2.0 + 3.0 * 8 / 24)  # batch 9 -> 16, between 8 and 32
+    lin = t.linear()  # eager beyond the graphs: a line through 1 token and the largest shape
+    assert lin(1, 1) == pytest.approx(1.0) and lin(160, 32) == pytest.approx(5.0)
+    assert t(64, 64) == pytest.approx(lin(64, 64)) and t(7 * 3, 3) == pytest.approx(lin(21, 3))
+    with pytest.raises(ValueError):
+        ShapeTable({(1, 1): 1.0}, (1,), (1, 5))
+
+
+def test_modeled_step_cost_by_drafter_kind():
+    fwd = LinearForward(1.0, 0.1)
+    host = ModeledStepCost(target=fwd, drafter_kind=HOST, host_per_request=0.01, overhead=0.5, overhead_per_seq=0.1)
+    assert host.seconds(0, 2) == pytest.approx(0.5 + 0.2 + 1.2)
+    assert host.seconds(3, 2) == pytest.approx(0.5 + 0.2 + 0.02 + 1.8)
+    ar = ModeledStepCost(target=fwd, drafter_kind=AUTOREGRESSIVE, drafter_forward=ScaledForward(fwd, 0.5), catch_up=5)
+    assert ar.drafter(0, 2) == 0.0
+    assert ar.drafter(1, 2) == pytest.approx(0.5 * 2.0)  # catch-up over 5 tokens per request
+    assert ar.drafter(3, 2) == pytest.approx(0.5 * (2.0 + 2 * 1.2))
+    blk = ModeledStepCost(target=fwd, drafter_kind=BLOCK, drafter_forward=fwd, catch_up=16)
+    assert blk.drafter(1, 1) == blk.drafter(15, 1) == pytest.approx(2.6)
+    with pytest.raises(ValueError):
+        ModeledStepCost(target=fwd, drafter_kind=BLOCK)
+    with pytest.raises(ValueError):
+        PolicyParams(probe_min=0)

@@ -1,0 +1,162 @@
+"""What a speculative step costs, as the speculation policy (policy.py) sees it.
+
+A step of `batch` decoding requests that each verify k drafts costs
+
+    overhead                       the engine's host work per step (scheduling, sampling, outputs)
+  + target(batch * (1 + k), batch) the target's forward over the step's tokens
+  + drafter(k, batch)              drafting k tokens for each of the batch's requests
+
+`StepCost` is all the policy needs (seconds per step for a given k and batch); `ModeledStepCost` builds it
+from forward-time models: `LinearForward` (analytic: fixed + per token + per sequence) or `ShapeTable`
+(times measured per captured CUDA-graph shape, looked up the way the runner pads a step: to the next
+captured batch size and query length). How an engine builds one: measure.py. Pure Python, no torch:
+tests inject their own.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Protocol
+
+# How a method drafts, for ModeledStepCost.drafter.
+HOST = "host"  # on the host, from the request's tokens (ngram): a small cost per request
+AUTOREGRESSIVE = "autoregressive"  # a draft model: one catch-up forward, then one forward per further draft
+BLOCK = "block"  # one block-parallel drafter forward per step, whatever k (dflash)
+DRAFTER_KINDS = (HOST, AUTOREGRESSIVE, BLOCK)
+
+
+class StepCost(Protocol):
+    """Seconds of one engine step in which each of `batch` decoding requests verifies k drafts."""
+
+    def seconds(self, k: int, batch: int) -> float: ...
+
+
+class ForwardCost(Protocol):
+    """Seconds of one model forward over num_tokens tokens of num_seqs sequences."""
+
+    def __call__(self, num_tokens: int, num_seqs: int) -> float: ...
+
+
+@dataclass(frozen=True)
+class LinearForward:
+    """fixed + per_token * tokens + per_seq * sequences: the analytic model (launches and weight reads
+    in `fixed`, matmul FLOPs in `per_token`, attention and row bookkeeping in `per_seq`)."""
+
+    fixed: float
+    per_token: float
+    per_seq: float = 0.0
+
+    def __call__(self, num_tokens: int, num_seqs: int) -> float:
+        return self.fixed + self.per_token * num_tokens + self.per_seq * num_seqs
+
+
+@dataclass(frozen=True)
+class ShapeTable:
+    """Forward times measured per (batch, query length) shape of the captured graphs.
+
+    A step of n sequences and t tokens runs the graph of the smallest captured batch >= n and the
+    smallest captured query length >= ceil(t / n) (the runner pads rows and queries to it); its time
+    is interpolated linearly between the measured batch sizes around that batch. A step no graph fits
+    runs eagerly: linear() prices it, a line through the smallest and the largest measured shapes."""
+
+    times: dict[tuple[int, int], float]  # (batch, query length) -> seconds
+    graph_batches: tuple[int, ...]  # every captured batch size (padding targets), ascending
+    query_lens: tuple[int, ...]  # captured query lengths, ascending
+    _measured: dict[int, list[int]] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for q in self.query_lens:
+            bs = sorted(b for b, qq in self.times if qq == q)
+            if not bs:
+                raise ValueError(f"ShapeTable has no measured shape of query length {q}")
+            self._measured[q] = bs
+
+    def __call__(self, num_tokens: int, num_seqs: int) -> float:
+        n = max(1, num_seqs)
+        q = -(-num_tokens // n)
+        b = next((x for x in self.graph_batches if x >= n), None)
+        qp = next((x for x in self.query_lens if x >= q), None)
+        if b is None or qp is None:
+            return self.linear()(num_tokens, num_seqs)
+        return self._at(b, qp)
+
+    def linear(self) -> LinearForward:
+        """fixed + per_token * tokens through the smallest shape (1 token) and the largest measured one."""
+        q0, q1 = self.query_lens[0], self.query_lens[-1]
+        b0, b1 = self._measured[q0][0], self._measured[q1][-1]
+        t0, t1 = self.times[(b0, q0)], self.times[(b1, q1)]
+        n0, n1 = b0 * q0, b1 * q1
+        per_token = max(0.0, (t1 - t0) / (n1 - n0)) if n1 > n0 else 0.0
+        return LinearForward(max(0.0, t0 - per_token * n0), per_token)
+
+    def _at(self, b: int, q: int) -> float:
+        bs = self._measured[q]
+        i = bisect.bisect_left(bs, b)
+        if i < len(bs) and bs[i] == b:
+            return self.times[(b, q)]
+        if i == 0:
+            return self.times[(bs[0], q)]
+        if i == len(bs):  # past the largest measured batch: proportional
+            return self.times[(bs[-1], q)] * b / bs[-1]
+        lo, hi = bs[i - 1], bs[i]
+        t_lo, t_hi = self.times[(lo, q)], self.times[(hi, q)]
+        return t_lo + (t_hi - t_lo) * (b - lo) / (hi - lo)
+
+
+@dataclass(frozen=True)
+class ScaledForward:
+    """Another forward model times a constant (a drafter priced as a fraction of the target)."""
+
+    base: ForwardCost
+    factor: float
+
+    def __call__(self, num_tokens: int, num_seqs: int) -> float:
+        return self.factor * self.base(num_tokens, num_seqs)
+
+
+@dataclass(frozen=True)
+class ModeledStepCost:
+    """StepCost from a target forward model, a drafter model and the engine's host work.
+
+    Host work per step: overhead + overhead_per_seq * batch (+ host_per_request per drafting request for
+    HOST drafting). Device work: the target's forward, plus for drafter_kind AUTOREGRESSIVE (draft_model,
+    self) one catch-up forward over `catch_up` tokens per drafting request (the draft model's uniform
+    shape, k_max + 1) and k - 1 one-token forwards, or for BLOCK (dflash) one forward over `catch_up`
+    tokens per request (the block). Requests at k = 0 do not draft at all. A step takes host + device: the
+    same in both loops (the overlapped loop hides host work behind the device's, so this overprices its
+    steps a little, but a cost that depended on the loop would give the two loops different drafts)."""
+
+    target: ForwardCost
+    drafter_kind: str = HOST
+    drafter_forward: ForwardCost | None = None
+    catch_up: int = 1
+    host_per_request: float = 0.0
+    overhead: float = 0.0
+    overhead_per_seq: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.drafter_kind not in DRAFTER_KINDS:
+            raise ValueError(f"drafter_kind must be one of {DRAFTER_KINDS}, got {self.drafter_kind!r}")
+        if self.drafter_kind != HOST and self.drafter_forward is None:
+            raise ValueError(f"drafter_kind {self.drafter_kind!r} needs drafter_forward")
+
+    def drafter(self, k: int, batch: int) -> float:
+        """Seconds of device work to draft k tokens for each of `batch` requests (0 for k = 0 or HOST)."""
+        if k <= 0 or batch <= 0 or self.drafter_kind == HOST:
+            return 0.0
+        fwd = self.drafter_forward
+        t = fwd(batch * self.catch_up, batch)
+        if self.drafter_kind == AUTOREGRESSIVE and k > 1:
+            t += (k - 1) * fwd(batch, batch)
+        return t
+
+    def host(self, k: int, batch: int) -> float:
+        """Seconds of host work of the step."""
+        t = self.overhead + self.overhead_per_seq * batch
+        if k > 0 and self.drafter_kind == HOST:
+            t += self.host_per_request * batch
+        return t
+
+    def seconds(self, k: int, batch: int) -> float:
+        return self.host(k, batch) + self.target(batch * (1 + k), batch) + self.drafter(k, batch)

@@ -1,0 +1,127 @@
+"""The step cost an engine's speculation policy uses (cost.ModeledStepCost): measured on CUDA, analytic
+elsewhere.
+
+CUDA with graphs: the target's forward is *measured* at start-up, per captured shape: for the captured
+batch sizes among 1, 4, 16, 64, 256 (and the largest), at every captured query length (1 and 1 + k),
+a few replays of the graph over padding rows only (their K/V go to the scratch block), the median time
+of each (a ShapeTable). A draft model's forward (draft_model) is measured the same way on its own
+graphs; "self" reuses the target's table; a DFlash drafter is priced as the target's forward over its
+block scaled by the drafter's share of the layers. Times are rounded to a grid of 2^(1/16) (~4%),
+so that engines built alike on one GPU usually get one table (the sync / async parity runs build two).
+
+CPU, and CUDA without graphs: an *analytic* default, LinearForward from the model's parameter count
+and bytes and assumed device rates (DeviceRates): a forward costs launches per layer plus one read of
+the weights, plus the matmul FLOPs of its tokens. It is deterministic, so two engines built alike decide
+alike (the CPU parity gates compare separately built engines); it does not know the machine's speed,
+only the shape of the cost, which is what the policy's comparisons need.
+
+Host work per engine step (both): an assumed constant plus a constant per sequence (DeviceRates).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from verispec.spec_decode.cost import (
+    AUTOREGRESSIVE,
+    BLOCK,
+    HOST,
+    ForwardCost,
+    LinearForward,
+    ModeledStepCost,
+    ScaledForward,
+    ShapeTable,
+)
+
+MEASURED_BATCHES = (1, 4, 16, 64, 256)
+
+
+@dataclass(frozen=True)
+class DeviceRates:
+    """Assumed rates of a device kind, for the analytic costs and the host overhead."""
+
+    mem_bytes_per_s: float
+    flops_per_s: float
+    launch_per_layer: float  # seconds of kernel launches / Python per layer and forward
+    host_per_step: float  # the engine's host work per step
+    host_per_seq: float  # ... and per sequence in it
+    ngram_per_request: float  # one prompt-lookup on the host
+
+
+CPU_RATES = DeviceRates(20e9, 1e11, 150e-6, 1.5e-3, 30e-6, 20e-6)
+CUDA_RATES = DeviceRates(3e12, 4e14, 150e-6, 0.5e-3, 15e-6, 20e-6)
+
+
+def analytic_forward(model: torch.nn.Module, rates: DeviceRates, num_layers: int) -> LinearForward:
+    """A forward of `model`: launches + one weight read, plus 2 FLOPs per parameter and token."""
+    params = sum(p.numel() for p in model.parameters())
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    return LinearForward(rates.launch_per_layer * (num_layers + 1) + nbytes / rates.mem_bytes_per_s,
+                         2.0 * params / rates.flops_per_s)
+
+
+def _rounded(seconds: float) -> float:
+    """seconds on a grid of 2^(1/16)."""
+    if seconds <= 0:
+        return 0.0
+    return 2.0 ** (round(16 * math.log2(seconds)) / 16)
+
+
+def measure_graphs(graphs, reps: int = 5) -> ShapeTable:
+    """Time replays of a CudaGraphRunner's shapes (capturing the measured ones if they are lazy): the
+    median of `reps` replays each, the device synchronized around each (a runner with capture=False
+    times its eager padded forward the same way, on any device)."""
+    dev = graphs.input_ids.device
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda *_: None)
+    sizes = graphs.batch_sizes
+    batches = sorted({b for b in sizes if b in MEASURED_BATCHES} | {sizes[-1]})
+    times = {}
+    for q in graphs.query_lens:
+        for b in batches:
+            graphs.replay_padding(b, q)  # capture + warm up
+            sync(dev)
+            secs = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                graphs.replay_padding(b, q)
+                sync(dev)
+                secs.append(time.perf_counter() - t0)
+            times[(b, q)] = _rounded(sorted(secs)[reps // 2])
+    return ShapeTable(times, tuple(sizes), tuple(graphs.query_lens))
+
+
+def build_step_cost(model: torch.nn.Module, proposer, runner, device: torch.device,
+                    measure: bool | None = None) -> ModeledStepCost:
+    """The step cost of an engine: its target `model` run by `runner` and its `proposer` (a Proposer;
+    its class says how it drafts). measure: time runner.graphs (and a draft model's graphs); None: on
+    CUDA when there are graphs, else the analytic default."""
+    from verispec.spec_decode.dflash import DFlashProposer
+    from verispec.spec_decode.draft_model import DraftModelProposer
+
+    cuda = torch.device(device).type == "cuda"
+    rates = CUDA_RATES if cuda else CPU_RATES
+    layers = model.config.num_layers
+    graphs = getattr(runner, "graphs", None)
+    if measure is None:
+        measure = cuda and graphs is not None
+    target: ForwardCost = measure_graphs(graphs) if measure else analytic_forward(model, rates, layers)
+    common = dict(target=target, overhead=rates.host_per_step, overhead_per_seq=rates.host_per_seq)
+    if isinstance(proposer, DraftModelProposer):
+        draft = proposer.model
+        if draft is model:
+            fwd = target
+        elif measure and proposer.graphs is not None:
+            fwd = measure_graphs(proposer.graphs)
+        else:
+            fwd = analytic_forward(draft, rates, draft.config.num_layers)
+        return ModeledStepCost(drafter_kind=AUTOREGRESSIVE, drafter_forward=fwd, catch_up=proposer.k + 1, **common)
+    if isinstance(proposer, DFlashProposer):
+        cfg = proposer.drafter.config
+        base = target.linear() if isinstance(target, ShapeTable) else target
+        fwd = ScaledForward(base, (cfg.num_layers + 1) / (layers + 1))
+        return ModeledStepCost(drafter_kind=BLOCK, drafter_forward=fwd, catch_up=cfg.block_size, **common)
+    return ModeledStepCost(drafter_kind=HOST, host_per_request=rates.ngram_per_request, **common)

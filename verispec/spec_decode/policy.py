@@ -1,0 +1,187 @@
+"""Adaptive speculation: how many drafts (0..k) each request verifies in its next step.
+
+Per request the policy keeps per-position reach / accept counts: position i (draft i + 1) is *reached*
+by a verification that carried more than i drafts and accepted the first i; it is *accepted* when
+draft i + 1 is accepted too. Before each verification is added, all counts decay by a factor
+`2 ** (-1 / half_life)`, so the estimate follows acceptance that changes mid-request (steps without
+drafts change nothing: a request at k = 0 keeps its evidence until a probe brings new). The conditional
+acceptance of position i is a Beta posterior mean whose prior is the estimate of position i - 1
+(`prior_mean` for position 0), with w pseudo-observations:
+
+    p_i = (accept_i + w * p_{i-1}) / (reach_i + w)
+
+w starts at `prior_strength` and decays like the counts (the prior is the request's first, imagined
+evidence), so a request whose drafts are never accepted ends at p = 0, not at a floor the prior holds up.
+
+The expected accepted length of k drafts is L(k) = sum_{j<=k} prod_{i<=j} p_i, so a verify of k
+drafts emits 1 + L(k) tokens on average. The policy picks the k in 0..k_cap that maximises
+(1 + L(k)) / cost.seconds(k, batch): tokens per second of a step in which every one of the batch's
+requests behaved like this one (cost.py says what a step costs). A larger k must beat the best smaller
+one by a factor 1 + min_gain: near-ties, where the cost model's error decides, go to fewer drafts.
+
+Re-probing: a request whose best k is 0 gets `probe_k` drafts when it has emitted at least P output
+tokens since the start of its last verification with drafts, P = clamp(n // 4, probe_min, probe_max)
+for a request with n output tokens: a request whose text becomes predictable drafts again.
+
+Everything here is a function of the counts the engine reports (observe) and the arguments of choose:
+no clocks, no randomness, no token values. The engine reports counts when it commits a step (both of
+its loops commit before they propose, with the accepted counts known), so the decisions are the same
+in the synchronous and the overlapped loop whenever `batch` is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from verispec.spec_decode.cost import StepCost
+
+
+@dataclass(frozen=True)
+class PolicyParams:
+    """The policy's knobs (defaults: the engine's)."""
+
+    half_life: float = 6.0  # verifications after which a count weighs half
+    prior_mean: float = 0.5  # acceptance assumed for draft 1 of a request never verified
+    prior_strength: float = 1.0  # pseudo-observations behind each position's prior
+    probe_min: int = 8  # re-probe interval bounds (output tokens), see the module docstring
+    probe_max: int = 64
+    probe_k: int = 1  # drafts of a probe
+    min_gain: float = 0.02  # relative gain in tokens per second a larger k needs
+
+    def __post_init__(self) -> None:
+        if not (self.half_life > 0 and 0 < self.prior_mean < 1 and self.prior_strength > 0):
+            raise ValueError("PolicyParams needs half_life > 0, 0 < prior_mean < 1 and prior_strength > 0")
+        if self.min_gain < 0:
+            raise ValueError("PolicyParams needs min_gain >= 0")
+        if not (1 <= self.probe_min <= self.probe_max and self.probe_k >= 1):
+            raise ValueError("PolicyParams needs 1 <= probe_min <= probe_max and probe_k >= 1")
+
+    def probe_interval(self, num_output_tokens: int) -> int:
+        return max(self.probe_min, min(self.probe_max, num_output_tokens // 4))
+
+
+class AcceptanceStats:
+    """One request's decayed per-position counts and its probe clock."""
+
+    __slots__ = ("reach", "accept", "prior_weight", "last_verified", "_tokens")
+
+    def __init__(self, max_k: int, prior_strength: float = 1.0) -> None:
+        self.reach = [0.0] * max_k
+        self.accept = [0.0] * max_k
+        self.prior_weight = prior_strength
+        self._tokens: list[float] | None = None  # expected_tokens(), until the next observe
+        # Output index of the first token of the request's last verification that carried drafts.
+        self.last_verified = 0
+
+    def observe(self, num_drafts: int, num_accepted: int, output_index: int, decay: float) -> None:
+        """A committed step: num_drafts verified, num_accepted of them accepted, its first token at
+        output index output_index (a step without drafts changes nothing)."""
+        if num_drafts <= 0:
+            return
+        self._tokens = None
+        reach, accept = self.reach, self.accept
+        n = len(reach)
+        for i in range(n):
+            reach[i] *= decay
+            accept[i] *= decay
+        self.prior_weight *= decay
+        for i in range(min(num_drafts, num_accepted + 1, n)):
+            reach[i] += 1.0
+        for i in range(min(num_accepted, n)):
+            accept[i] += 1.0
+        self.last_verified = output_index
+
+    def conditional(self, prior_mean: float) -> list[float]:
+        """p_i, the estimated acceptance of draft i + 1 given drafts 1..i were accepted."""
+        out, p, w = [], prior_mean, self.prior_weight
+        for r, a in zip(self.reach, self.accept, strict=True):
+            if r + w > 0:
+                p = (a + w * p) / (r + w)
+            out.append(p)
+        return out
+
+    def expected_accepted(self, k: int, prior_mean: float) -> float:
+        """L(k): expected accepted drafts of a verification with k drafts."""
+        return self.expected_tokens(prior_mean)[k] - 1.0
+
+    def expected_tokens(self, prior_mean: float) -> list[float]:
+        """1 + L(k) for k = 0..max_k: tokens a verification of k drafts emits on average (cached until the
+        next observe; prior_mean is the policy's, which never changes)."""
+        t = self._tokens
+        if t is None:
+            t, run, total = [1.0], 1.0, 1.0
+            for p in self.conditional(prior_mean):
+                run *= p
+                total += run
+                t.append(total)
+            self._tokens = t
+        return t
+
+
+class SpeculationPolicy:
+    """Chooses each request's drafts for its next step from its own acceptance and the step cost."""
+
+    def __init__(self, max_k: int, cost: StepCost, params: PolicyParams | None = None) -> None:
+        if max_k < 1:
+            raise ValueError(f"max_k must be >= 1, got {max_k}")
+        self.max_k = max_k
+        self.cost = cost
+        self.params = params or PolicyParams()
+        self.decay = 2.0 ** (-1.0 / self.params.half_life)
+        self.stats: dict[str, AcceptanceStats] = {}
+        self._fresh = AcceptanceStats(max_k, self.params.prior_strength)  # a request never verified
+        self._costs: dict[int, list[float]] = {}  # batch -> seconds of a step at k = 0..max_k
+
+    def _stats(self, request_id: str) -> AcceptanceStats:
+        st = self.stats.get(request_id)
+        if st is None:
+            st = self.stats[request_id] = AcceptanceStats(self.max_k, self.params.prior_strength)
+        return st
+
+    def observe(self, request_id: str, num_drafts: int, num_emitted: int, output_index: int) -> None:
+        """A committed step of the request: num_drafts verified, num_emitted tokens emitted (so
+        num_emitted - 1 drafts accepted), the first at output index output_index."""
+        if num_drafts > 0:
+            self._stats(request_id).observe(num_drafts, max(0, num_emitted - 1), output_index, self.decay)
+
+    def forget(self, request_id: str) -> None:
+        """The request finished: drop its state."""
+        self.stats.pop(request_id, None)
+
+    def step_costs(self, batch: int) -> list[float]:
+        """Seconds of a step of `batch` requests at k = 0..max_k (cached per batch)."""
+        c = self._costs.get(batch)
+        if c is None:
+            c = self._costs[batch] = [self.cost.seconds(k, batch) for k in range(self.max_k + 1)]
+        return c
+
+    def best_k(self, request_id: str, k_cap: int, batch: int) -> int:
+        """The k in 0..k_cap with the most expected tokens per second (no probing)."""
+        k_cap = min(k_cap, self.max_k)
+        if k_cap <= 0:
+            return 0
+        costs = self.step_costs(max(1, batch))
+        st = self.stats.get(request_id)
+        if st is None:
+            st = self._fresh
+        tokens = st.expected_tokens(self.params.prior_mean)
+        gain = 1.0 + self.params.min_gain
+        best_k, best = 0, 1.0 / costs[0]
+        for k in range(1, k_cap + 1):
+            rate = tokens[k] / costs[k]
+            if rate > best * gain:
+                best_k, best = k, rate
+        return best_k
+
+    def choose(self, request_id: str, num_output_tokens: int, k_cap: int, batch: int) -> int:
+        """Drafts for the request's next step: best_k, or a probe when that is 0 and the request has
+        gone probe_interval output tokens without a verification. A pure function of the request's
+        observed counts and the arguments (choosing twice gives the same answer)."""
+        k = self.best_k(request_id, k_cap, batch)
+        if k > 0 or k_cap <= 0:
+            return k
+        st = self.stats.get(request_id)
+        last = st.last_verified if st is not None else 0
+        if num_output_tokens - last >= self.params.probe_interval(num_output_tokens):
+            return min(self.params.probe_k, k_cap)
+        return 0
