@@ -48,8 +48,8 @@ def drafter_dir(model, tmp_path_factory):
     return path
 
 
-def spec(path, k=4) -> dict:
-    return {"method": "dflash", "model": str(path), "num_speculative_tokens": k}
+def spec(path, k=4, adaptive: bool = True) -> dict:
+    return {"method": "dflash", "model": str(path), "num_speculative_tokens": k, "adaptive": adaptive}
 
 
 @pytest.fixture(scope="module")
@@ -556,7 +556,7 @@ def test_cuda_graph_drafting_matches_eager(model, drafter_dir):
     def run(eager: bool):
         cfg = EngineConfig(model="tiny", device="cuda", dtype="float32", max_num_batched_tokens=256,
                            num_gpu_blocks=256, max_num_seqs=8, async_scheduling=True,
-                           speculative_config=SpeculativeConfig.from_dict(spec(drafter_dir, k=5)),
+                           speculative_config=SpeculativeConfig.from_dict(spec(drafter_dir, k=5, adaptive=False)),
                            enforce_eager=eager)
         eng = LLMEngine(cfg, assemble_parts(cfg, real_tokenizer(), gpu_model, torch.device("cuda"), torch.float32))
         assert bool(eng.proposer.step.graphs) != eager
