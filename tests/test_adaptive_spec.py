@@ -97,7 +97,7 @@ def test_drafts_that_always_match_keep_k_at_max(model, plain):
     p = 0.5, starts lower) every choice is the most drafts the request may carry (k, trimmed near
     max_tokens)."""
     ps, ref, _ = plain
-    eng = tiny_engine(model, spec={"method": "self", "num_speculative_tokens": K})
+    eng = tiny_engine(model, spec={"method": "self", "num_speculative_tokens": K, "adaptive": True})
     choices: list[tuple[str, int, int]] = []
     choose = eng.policy.choose
 
@@ -155,6 +155,7 @@ def test_loops_agree_when_requests_stop_mid_batch(model, method):
 
     def run(async_scheduling: bool):
         spec = {**SPECS[method], "model": "tiny-draft"} if method == "draft_model" else SPECS[method]
+        spec = {**spec, "adaptive": True}
         eng = tiny_engine(model, spec=spec, draft_override=draft, async_scheduling=async_scheduling)
         eng.policy = SpeculationPolicy(eng.proposer.k, BatchCost())
         outs = run_all(eng, ps, params)

@@ -31,10 +31,12 @@ def dflash_dir(models, tmp_path_factory):
     return path
 
 
-def make(models, drafter_dir=None):
+def make(models, drafter_dir=None, adaptive: bool = False):
     target, draft = models
 
     def build(spec, async_scheduling):
+        if spec:
+            spec = {**spec, "adaptive": adaptive}
         override = draft if spec and spec["method"] == "draft_model" else None
         if spec and spec["method"] == "dflash":
             spec = {**spec, "model": str(drafter_dir)}
@@ -43,11 +45,16 @@ def make(models, drafter_dir=None):
     return build
 
 
-@pytest.mark.parametrize("method", ["none", "ngram", "self", "draft_model", "dflash"])
-def test_sync_async_parity(models, method, request):
-    """Greedy and seeded sampled requests (scenario_params): same tokens and acceptance counters."""
+PARITY_CASES = [("none", False)] + [(m, a) for m in ("ngram", "self", "draft_model", "dflash") for a in (False, True)]
+
+
+@pytest.mark.parametrize("method, adaptive", PARITY_CASES,
+                         ids=[f"{m}-{'adaptive' if a else 'pinned'}" for m, a in PARITY_CASES])
+def test_sync_async_parity(models, method, adaptive, request):
+    """Greedy and seeded sampled requests (scenario_params): same tokens and acceptance counters,
+    with k pinned and with the adaptive policy (its inputs are the same in both loops)."""
     prompts, params = scenario_prompts(vocab_hi=VOCAB - 12), scenario_params(32)
-    build = make(models, request.getfixturevalue("dflash_dir") if method == "dflash" else None)
+    build = make(models, request.getfixturevalue("dflash_dir") if method == "dflash" else None, adaptive)
     sync_toks, sync_c, sync_m, _ = run_scenario(build, method, False, prompts, params)
     async_toks, async_c, async_m, eng = run_scenario(build, method, True, prompts, params)
     assert async_toks == sync_toks

@@ -159,7 +159,7 @@ def test_spec_methods_and_hf_peer_identity(tmp_path):
         assert r["speedup"] == pytest.approx(r["tok_s"] / rows[("none", b)]["tok_s"])
         assert 0 <= r["mean_k"] <= k and r["num_steps"] > 0
         if method != "none":
-            assert r["adaptive"] is True
+            assert r["adaptive"] is False  # the default pins k
             assert 0 <= r["acceptance_rate"] <= 1 and len(r["acceptance_per_pos"]) == k
             assert all(0 <= a <= 1 for a in r["acceptance_per_pos"])
             assert 1 <= r["mean_acceptance_length"] <= k + 1
@@ -186,7 +186,7 @@ def test_spec_pinned_k_and_default_sweep(tmp_path):
         r = rows[("self", b)]
         assert r["adaptive"] is False and r["mean_k"] == 1.5 and r["acceptance_rate"] == 1.0 and len(r["runs"]) == 1
     args = build_parser().parse_args(["bench", "spec"])
-    assert args.batch_sizes == [1, 4, 16, 64] and args.adaptive is True and args.repeats == 3
+    assert args.batch_sizes == [1, 4, 16, 64] and args.adaptive is False and args.repeats == 3
 
 
 def test_spec_dflash_random_drafter(tmp_path):

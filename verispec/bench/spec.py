@@ -4,8 +4,8 @@ For each batch size and method (none, ngram, self, draft_model, dflash), greedy 
 prompt (no EOS stop), all prompts submitted at once with max_num_seqs = batch size. Greedy speculation is
 lossless, so every method's tokens must equal no speculation's at the same batch size; mismatches are counted,
 not fatal (bf16 on a GPU may flip a near-tie between batch shapes). Each (batch size, method) runs `repeats`
-times on one engine after a warm-up; the row is the median run by tok/s. Speculation is adaptive (the engine
-picks 0..k drafts per request per step) unless adaptive=False, which pins k.
+times on one engine after a warm-up; the row is the median run by tok/s. Speculation pins k unless adaptive=True
+(the engine picks 0..k drafts per request per step; experimental, off by default).
 
 Row keys: method, batch_size, k, adaptive, num_prompts, output_tokens, wall_s, tok_s, runs (every run's tok/s),
 speedup (over none at the same batch size, measured in this process on the same prompts), acceptance_rate,
@@ -48,7 +48,7 @@ PEER_MATCH = {"hf eager": "none", "hf static+compile": "none", "hf assisted": "d
 
 
 def spec_config(method: str, k: int, draft_model: str | None, dflash_model: str | None = None,
-                adaptive: bool = True) -> dict | None:
+                adaptive: bool = False) -> dict | None:
     """The speculative_config dict of a bench method name."""
     if method == "none":
         return None
@@ -120,7 +120,7 @@ def run_spec(bm: BenchModel, methods: list[str], batch_sizes: list[int], output_
              draft_model: str | None = None, prompts_file: str | None = None, num_prompts: int = 16,
              peer: str | None = None, compile_peer: bool = True, draft_overrides: dict | None = None,
              dflash_model: str | None = None, dflash_k: int | None = None, chat: bool = False,
-             repeats: int = 3, adaptive: bool = True) -> dict:
+             repeats: int = 3, adaptive: bool = False) -> dict:
     """Run every (batch size, method) `repeats` times (the row: the median run); returns {"rows", "peers",
     "prompts"}. dflash_model "random" makes an untrained drafter for the target (speed only). chat: render
     text prompts as chat requests ("Complete this function: ..."), as train-drafter renders its training
