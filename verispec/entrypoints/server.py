@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from verispec.core.version import __version__
 from verispec.entrypoints.async_engine import AsyncEngine
 from verispec.entrypoints.openai_protocol import (
     APIError,
@@ -155,7 +156,7 @@ def build_app(engine, served_model_name: str, api_key: str | None = None, max_qu
         finally:
             await asyncio.to_thread(aengine.stop)
 
-    app = FastAPI(title="verispec", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(title="verispec", version=__version__, lifespan=lifespan)
     app.state.aengine, app.state.serving, app.state.metrics = aengine, serving, metrics
     app.add_middleware(_Gate, api_key=api_key, max_body=max_body_bytes, on_error=metrics.observe_error)
 
