@@ -9,7 +9,7 @@ R="--random-weights --model qwen2.5-coder-1.5b-instruct"
 ab() { scripts/ab_trees.sh "$@"; }
 ab 2 "$base" . bench latency $R --batch-sizes 1 --input-len 128 --output-len 256 --num-iters 3
 ab 1 "$base" . bench throughput $R --num-seqs 64,256 --repeats 3
-spec="bench spec $R --draft-model qwen2.5-coder-0.5b-instruct --methods none,ngram,draft_model --batch-sizes 1,16 --num-prompts 16 --output-len 128"
+spec="bench spec $R --draft-model qwen2.5-coder-0.5b-instruct --methods none,ngram,draft_model --batch-sizes 1,16 --num-prompts 16 --output-len 128 --prompts humaneval.jsonl"
 for tree in "$base" .; do
   extra=""; [[ $tree == . ]] && extra="--no-adaptive --repeats 1"
   echo "=== tree $tree: verispec $spec $extra"

@@ -5,7 +5,7 @@ Flow of a step (synchronous loop):
   -> proposer.observe() + propose() -> drafts for the next step.
 Offline (LLM.generate) and online (the HTTP server) both drive this same object.
 
-Adaptive speculation (speculative_config.adaptive, the default): before each proposal the policy
+Adaptive speculation (speculative_config.adaptive, off by default): before each proposal the policy
 (spec_decode/policy.py) picks each ready request's drafts (0..k) from that request's acceptance counts,
 which both loops report when they commit a step (counts only), and from the batch: see _plan_drafts.
 """
