@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from verispec.config import DEFAULT_MODEL
 from verispec.core import envs
+from verispec.core.envs import stage_cache_dir  # re-exported: this workplace's pre-assembled models
 
 _BUF = 8 << 20  # bytes per read while copying / hashing
 
@@ -84,11 +85,6 @@ REGISTRY: dict[str, RegistryEntry] = {
 def models_dir() -> Path:
     """Where pulled models live: `${VERISPEC_CACHE_DIR:-~/.cache/verispec}/models`."""
     return envs.cache_dir() / "models"
-
-
-def stage_cache_dir() -> Path:
-    """This workplace's pre-assembled models: `${VERISPEC_STAGE_CACHE:-~/.cache/verispec-stage}`."""
-    return envs.stage_cache_dir()
 
 
 def _lookup(name: str, registry: Mapping[str, RegistryEntry]) -> RegistryEntry:
