@@ -93,27 +93,34 @@ def test_drafts_that_never_match_go_to_zero(model, plain, async_scheduling):
 
 
 def test_drafts_that_always_match_keep_k_at_max(model, plain):
-    """"self" on CPU float32 accepts every draft: after a warm-up of two verifications (the prior,
-    p = 0.5, starts lower) every choice is the most drafts the request may carry (k, trimmed near
-    max_tokens)."""
-    ps, ref, _ = plain
-    eng = tiny_engine(model, spec={"method": "self", "num_speculative_tokens": K, "adaptive": True})
-    choices: list[tuple[str, int, int]] = []
-    choose = eng.policy.choose
+    """Every draft right: after a warm-up of two plans (the prior, p = 0.5, starts lower) every plan is
+    k, every request drafts the most it may carry (k, trimmed near max_tokens), and the engine takes
+    fewer steps than plain decoding."""
+    ps, ref, plain_steps = plain
+    eng = scripted_engine(model, ref, lambda i: True)
+    plans: list[int] = []
+    plan = eng.policy.plan
 
-    def logged(rid, n, k_cap, batch):
-        k = choose(rid, n, k_cap, batch)
-        choices.append((rid, k_cap, k))
-        return k
+    def logged(ids, batch=None):
+        plans.append(plan(ids, batch))
+        return plans[-1]
 
-    eng.policy.choose = logged
+    eng.policy.plan = logged
+    drafted: list[tuple[int, int]] = []  # (cap, drafts) of every proposal after the warm-up
+    propose = eng.proposer.propose
+
+    def logged_propose(requests, sources=None):
+        if len(plans) > 2:
+            drafted.extend((eng.proposer.max_drafts_for(r), eng.proposer.num_drafts_for(r)) for r in requests)
+        return propose(requests, sources)
+
+    eng.proposer.propose = logged_propose
     assert [o.outputs[0].token_ids for o in run_all(eng, ps, GREEDY)] == ref
     m = eng.get_metrics()
     assert m["spec_decode_num_accepted_tokens"] == m["spec_decode_num_draft_tokens"] > 0
-    for rid in {c[0] for c in choices}:
-        mine = [(cap, k) for r, cap, k in choices if r == rid]
-        assert mine[0][1] > 0 and all(k == cap for cap, k in mine[2:]), (rid, mine)
-    assert m["spec_decode_mean_k"] > 3
+    assert plans[0] > 0 and all(k == K for k in plans[2:]), plans
+    assert drafted and all(k == cap for cap, k in drafted)
+    assert m["spec_decode_mean_k"] > 3 and m["num_steps"] < plain_steps / 3
 
 
 def test_k_follows_acceptance_that_changes_mid_request(model):

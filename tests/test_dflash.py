@@ -48,7 +48,8 @@ def drafter_dir(model, tmp_path_factory):
     return path
 
 
-def spec(path, k=4, adaptive: bool = True) -> dict:
+def spec(path, k=4, adaptive: bool = False) -> dict:
+    """A dflash spec, k pinned by default: these tests are about the drafter (the policy: test_adaptive_spec.py)."""
     return {"method": "dflash", "model": str(path), "num_speculative_tokens": k, "adaptive": adaptive}
 
 

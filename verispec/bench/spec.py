@@ -98,6 +98,12 @@ def _row(bm: BenchModel, method: str, b: int, k: int, run) -> dict:
            "output_tokens": n_out, "wall_s": run.wall_s, "tok_s": n_out / run.wall_s, "num_drafts": sp["num_drafts"],
            "mean_k": sp["num_draft_tokens"] / max(sp["num_request_steps"], 1), "num_steps": run.num_steps,
            **hardware_use(bm.config, bm.elem_bytes, run.steps, run.wall_s, flops)}
+    secs = sorted(st.seconds for st in run.steps)
+    if secs:  # the steps' host pace (async) or synchronized time: where a slow run loses its time
+        p50 = secs[(len(secs) - 1) // 2]
+        slow = [x for x in secs if x > 5 * p50]
+        row.update(step_ms_p50=1e3 * p50, step_ms_p90=1e3 * secs[int(0.9 * (len(secs) - 1))],
+                   step_ms_max=1e3 * secs[-1], slow_steps=len(slow), slow_s=sum(slow))
     if method != "none":
         d = max(sp["num_drafts"], 1)
         per = (sp["accepted_per_pos"] + [0] * k)[:k]
@@ -179,7 +185,9 @@ def run_spec(bm: BenchModel, methods: list[str], batch_sizes: list[int], output_
                 row["mismatches_vs_first_batch_size"] = _diff(runs[i].outputs[: len(first_b)], first_b[: len(ids)])[0]
             rows.append(row)
             print(f"  {method:12} batch {b:3}: {row['tok_s']:9.1f} tok/s, mean k {row['mean_k']:.2f}, "
-                  f"{row['mismatches']} mismatches", flush=True)
+                  f"{row['mismatches']} mismatches, {row['num_steps']} steps (p50 {row.get('step_ms_p50', 0):.2f} ms, "
+                  f"max {row.get('step_ms_max', 0):.1f} ms, {row.get('slow_steps', 0)} slow: "
+                  f"{row.get('slow_s', 0):.2f} s)", flush=True)
     if tmp is not None:
         tmp.cleanup()
     peers = []

@@ -37,6 +37,12 @@ class EngineParts:
     step_cost: StepCost | None = None
 
 
+def verify_query_lens(k: int, adaptive: bool) -> tuple[int, ...]:
+    """Query lengths the verify graphs are captured for: 1 + j for every j <= k (adaptive: the policy plans
+    any j), or 1 and 1 + k (k pinned)."""
+    return tuple(range(1, k + 2)) if adaptive else (1, 1 + k)
+
+
 def size_kv_blocks(config: EngineConfig, per_block: int, device: torch.device, max_model_len: int) -> int:
     """Blocks for the KV cache: the configured count, else what memory allows (GPU: a fraction of
     free memory; CPU: enough for max_num_seqs full contexts, capped at 4 GiB)."""
@@ -117,9 +123,10 @@ def assemble_parts(config: EngineConfig, tok, model: CausalLM, device, dtype, t0
     capture = proposer.capture_layers if proposer is not None else ()
     graph_options = None
     if use_graphs:
-        # Decode shapes (1 query) and, with speculation, verify shapes (1 + k queries).
+        # Decode shapes (1 query) and, with speculation, verify shapes of every 1 + j queries, j <= k
+        # (adaptive speculation plans fewer drafts than k; a step pads to its largest j).
         spec = config.speculative_config
-        query_lens = (1,) if spec is None else (1, 1 + spec.num_speculative_tokens)
+        query_lens = (1,) if spec is None else verify_query_lens(spec.num_speculative_tokens, spec.adaptive)
         graph_options = dict(
             max_batch=min(config.max_num_seqs, 256), query_lens=query_lens,
             max_blocks_per_seq=-(-max_model_len // config.block_size), lazy=config.graph_capture == "lazy",

@@ -5,9 +5,11 @@ Flow of a step (synchronous loop):
   -> proposer.observe() + propose() -> drafts for the next step.
 Offline (LLM.generate) and online (the HTTP server) both drive this same object.
 
-Adaptive speculation (speculative_config.adaptive, off by default): before each proposal the policy
-(spec_decode/policy.py) picks each ready request's drafts (0..k) from that request's acceptance counts,
-which both loops report when they commit a step (counts only), and from the batch: see _plan_drafts.
+Adaptive speculation (speculative_config.adaptive): before each proposal the policy
+(spec_decode/policy.py) picks the next step's drafts (0..k) from its requests' acceptance counts, which
+both loops report when they commit a step (counts only), and the step cost: see _plan_drafts. A step
+planned at 0 is a plain decode step, and the overlapped loop stays overlapped for it (a host drafter's
+wait for the step's tokens is skipped too).
 """
 
 from __future__ import annotations
@@ -86,9 +88,9 @@ class LLMEngine:
         self.num_request_steps = 0
         self.num_verify_steps = 0
         # The latest launched step, and its requests that a stop (not the length) finished once its
-        # values were committed: the batch the policy sees (_plan_drafts).
+        # values were committed: part of the batch the policy sees (_plan_drafts).
         self._latest_sched = None
-        self._stopped_latest = 0
+        self._stopped_latest: list[str] = []
         self.spec = SpecCounters()
         self.groups: dict[str, _Group] = {}
         self.seq_to_group: dict[str, _Group] = {}
@@ -211,9 +213,7 @@ class LLMEngine:
         outputs = early + (self._drain_handle(prev) if prev is not None else [])
         self.inflight = handle
         if self.proposer is not None:
-            if self.proposer.needs_host_tokens:
-                outputs += self._drain()
-            self._propose(sched, handle, {"out": handle.device_tokens()})
+            outputs += self._propose(sched, handle, {"out": handle.device_tokens()}, drain=self.proposer.needs_host_tokens)
         return outputs
 
     def _needs_host_values(self) -> bool:
@@ -254,7 +254,7 @@ class LLMEngine:
         return sched
 
     def _launched(self, sched) -> None:
-        self._latest_sched, self._stopped_latest = sched, 0
+        self._latest_sched, self._stopped_latest = sched, []
 
     def _commit_optimistic(self, handle, counts: list[int] | None) -> None:
         """Advance the books of a launched step: lengths now, values later (PLACEHOLDER). The policy
@@ -311,7 +311,7 @@ class LLMEngine:
             if req.finish_reason is not None and req.status is not finished:
                 if latest and req.finish_reason == "stop" and sampled is not None and not self.scheduler.length_reached(
                         req, s.output_base + len(sampled)):
-                    self._stopped_latest += 1
+                    self._stopped_latest.append(rid)
                 self._finish(req, req.finish_reason)
             touched[g.request_id] = g
         self.num_verify_steps += verified
@@ -331,14 +331,21 @@ class LLMEngine:
         if detok.stop_hit is not None and req.finish_reason is None:
             req.finish_reason, req.stop_reason = "stop", detok.stop_hit
 
-    def _propose(self, sched, handle, sources) -> None:
+    def _propose(self, sched, handle, sources, drain: bool = False) -> list[RequestOutput]:
+        """Drafts for the next step. drain: a host proposer in the overlapped loop, which needs the
+        in-flight step's tokens: drain it first, unless the policy plans no drafts (returns the drained
+        step's outputs)."""
         self.proposer.observe(sched, StepResult(captured=handle.captured, token_offsets=handle.token_offsets))
-        ready = [
-            r for r in self.scheduler.running
-            if r.output_token_ids and r.num_computed_tokens == r.num_tokens - 1 and not r.pending_stop
-        ]
+        ready = self._ready()
+        outputs: list[RequestOutput] = []
         if self.policy is not None:
-            self._plan_drafts(ready)
+            k = self._plan_drafts(ready)
+            if drain and k > 0:
+                outputs = self._drain()
+                ready = [r for r in ready if r.status is Status.RUNNING and not r.pending_stop]
+        elif drain:
+            outputs = self._drain()
+            ready = self._ready()
         # Drafters write K/V at the draft positions, so their blocks are reserved now. A request
         # never goes without drafts for lack of blocks (that would make its draft schedule, and so
         # its sampled tokens, depend on block pressure): requests are preempted as in schedule(),
@@ -355,19 +362,32 @@ class LLMEngine:
             r.spec_token_ids = proposal.token_ids.get(r.request_id, [])
         self.pending_draft_probs = proposal.probs
         self.pending_proposal = proposal
+        return outputs
 
-    def _plan_drafts(self, ready: list[Request]) -> None:
-        """The policy's drafts for each ready request's next step (Request.draft_limit).
+    def _ready(self) -> list[Request]:
+        """Running requests in the decode state (all but their last token computed), not stopping."""
+        return [
+            r for r in self.scheduler.running
+            if r.output_token_ids and r.num_computed_tokens == r.num_tokens - 1 and not r.pending_stop
+        ]
 
-        Its batch input is the ready requests plus those of the latest launched step that a stop (EOS,
-        stop token or string; not the length) finished once its values were committed: the synchronous
-        loop (and the overlapped one before a host proposer, which drains first) knows of those
-        finishes, the overlapped loop before a device proposer does not yet and still counts them as
-        ready. So both loops count the same requests whenever their steps held the same requests."""
-        batch = len(ready) + self._stopped_latest
-        choose, cap = self.policy.choose, self.proposer.max_drafts_for
+    def _plan_drafts(self, ready: list[Request]) -> int:
+        """The policy's drafts for the next step (Request.draft_limit of each ready request); returns them.
+
+        The policy plans over the ready requests plus those of the latest launched step that a stop
+        (EOS, stop token or string; not the length) finished once its values were committed: the
+        synchronous loop knows of those finishes already, the overlapped loop does not yet and still
+        counts them as ready (their counts are known to both: committed optimistically, and the policy
+        keeps a finished request's state until the next plan). So both loops plan over the same requests
+        whenever their steps held the same requests. A step without ready requests plans nothing."""
+        if not ready:
+            return 0
+        ids = [r.request_id for r in ready] + self._stopped_latest
+        k = self.policy.plan(ids)
+        cap = self.proposer.max_drafts_for
         for r in ready:
-            r.draft_limit = choose(r.request_id, len(r.output_token_ids), cap(r), batch)
+            r.draft_limit = min(k, cap(r))
+        return k
 
     def _count_acceptance(self, req: Request, num_drafts: int, num_accepted: int) -> int:
         """Record a verified row in the engine's and the request's counters; returns the accepted

@@ -2,9 +2,15 @@
 
 A step of `batch` decoding requests that each verify k drafts costs
 
-    overhead                       the engine's host work per step (scheduling, sampling, outputs)
+    host(k, batch)                 the engine's host work that the device waits for (k > 0 only)
   + target(batch * (1 + k), batch) the target's forward over the step's tokens
   + drafter(k, batch)              drafting k tokens for each of the batch's requests
+
+Host work is priced as the overlapped loop (the default) pays it: a step without drafts is launched
+before the host finishes the previous one, so its host work hides behind the device's; a step with
+drafts makes the host wait for its accepted counts (and a host drafter for its tokens) before it can
+schedule the next, so its host work adds to the step. The synchronous loop uses the same prices, so
+that both loops make the same decisions (ARCHITECTURE.md, "Adaptive speculation").
 
 `StepCost` is all the policy needs (seconds per step for a given k and batch); `ModeledStepCost` builds it
 from forward-time models: `LinearForward` (analytic: fixed + per token + per sequence) or `ShapeTable`
@@ -57,20 +63,24 @@ class ShapeTable:
 
     A step of n sequences and t tokens runs the graph of the smallest captured batch >= n and the
     smallest captured query length >= ceil(t / n) (the runner pads rows and queries to it); its time
-    is interpolated linearly between the measured batch sizes around that batch. A step no graph fits
-    runs eagerly: linear() prices it, a line through the smallest and the largest measured shapes."""
+    is interpolated linearly between the measured batch sizes around that batch, and a query length
+    between two measured ones (start-up measures a few of the captured query lengths, measure.py)
+    linearly between those. A step no graph fits runs eagerly: linear() prices it, a line through the
+    smallest and the largest measured shapes."""
 
     times: dict[tuple[int, int], float]  # (batch, query length) -> seconds
     graph_batches: tuple[int, ...]  # every captured batch size (padding targets), ascending
     query_lens: tuple[int, ...]  # captured query lengths, ascending
     _measured: dict[int, list[int]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _measured_q: list[int] = field(default_factory=list, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for q in self.query_lens:
-            bs = sorted(b for b, qq in self.times if qq == q)
-            if not bs:
+        for q in sorted({qq for _, qq in self.times}):
+            self._measured[q] = sorted(b for b, qq in self.times if qq == q)
+        self._measured_q.extend(sorted(self._measured))
+        for q in (self.query_lens[0], self.query_lens[-1]):
+            if q not in self._measured:
                 raise ValueError(f"ShapeTable has no measured shape of query length {q}")
-            self._measured[q] = bs
 
     def __call__(self, num_tokens: int, num_seqs: int) -> float:
         n = max(1, num_seqs)
@@ -79,7 +89,13 @@ class ShapeTable:
         qp = next((x for x in self.query_lens if x >= q), None)
         if b is None or qp is None:
             return self.linear()(num_tokens, num_seqs)
-        return self._at(b, qp)
+        if qp in self._measured:
+            return self._at(b, qp)
+        qs = self._measured_q
+        i = bisect.bisect_left(qs, qp)
+        lo, hi = qs[i - 1], qs[i]
+        t_lo, t_hi = self._at(b, lo), self._at(b, hi)
+        return t_lo + (t_hi - t_lo) * (qp - lo) / (hi - lo)
 
     def linear(self) -> LinearForward:
         """fixed + per_token * tokens through the smallest shape (1 token) and the largest measured one."""
@@ -119,13 +135,11 @@ class ScaledForward:
 class ModeledStepCost:
     """StepCost from a target forward model, a drafter model and the engine's host work.
 
-    Host work per step: overhead + overhead_per_seq * batch (+ host_per_request per drafting request for
-    HOST drafting). Device work: the target's forward, plus for drafter_kind AUTOREGRESSIVE (draft_model,
+    Host work of a step with drafts: overhead + overhead_per_seq * batch (+ host_per_request per request for
+    HOST drafting); a step without drafts: none (module docstring). Device work: the target's forward, plus for drafter_kind AUTOREGRESSIVE (draft_model,
     self) one catch-up forward over `catch_up` tokens per drafting request (the draft model's uniform
     shape, k_max + 1) and k - 1 one-token forwards, or for BLOCK (dflash) one forward over `catch_up`
-    tokens per request (the block). Requests at k = 0 do not draft at all. A step takes host + device: the
-    same in both loops (the overlapped loop hides host work behind the device's, so this overprices its
-    steps a little, but a cost that depended on the loop would give the two loops different drafts)."""
+    tokens per request (the block). At k = 0 nothing drafts: the step is a plain decode step."""
 
     target: ForwardCost
     drafter_kind: str = HOST
@@ -134,6 +148,8 @@ class ModeledStepCost:
     host_per_request: float = 0.0
     overhead: float = 0.0
     overhead_per_seq: float = 0.0
+    drafter_host: float = 0.0  # host work of one drafter forward (inputs, launch) the device waits for
+    drafter_host_per_seq: float = 0.0  # ... and per drafting request
 
     def __post_init__(self) -> None:
         if self.drafter_kind not in DRAFTER_KINDS:
@@ -142,19 +158,24 @@ class ModeledStepCost:
             raise ValueError(f"drafter_kind {self.drafter_kind!r} needs drafter_forward")
 
     def drafter(self, k: int, batch: int) -> float:
-        """Seconds of device work to draft k tokens for each of `batch` requests (0 for k = 0 or HOST)."""
+        """Seconds to draft k tokens for each of `batch` requests (0 for k = 0 or HOST): the drafter's
+        forwards and the host work of each."""
         if k <= 0 or batch <= 0 or self.drafter_kind == HOST:
             return 0.0
         fwd = self.drafter_forward
         t = fwd(batch * self.catch_up, batch)
+        forwards = 1
         if self.drafter_kind == AUTOREGRESSIVE and k > 1:
             t += (k - 1) * fwd(batch, batch)
-        return t
+            forwards = k
+        return t + forwards * (self.drafter_host + self.drafter_host_per_seq * batch)
 
     def host(self, k: int, batch: int) -> float:
-        """Seconds of host work of the step."""
+        """Seconds of host work the device waits for in the step (none without drafts)."""
+        if k <= 0:
+            return 0.0
         t = self.overhead + self.overhead_per_seq * batch
-        if k > 0 and self.drafter_kind == HOST:
+        if self.drafter_kind == HOST:
             t += self.host_per_request * batch
         return t
 

@@ -2,7 +2,8 @@
 elsewhere.
 
 CUDA with graphs: the target's forward is *measured* at start-up, per captured shape: for the captured
-batch sizes among 1, 4, 16, 64, 256 (and the largest), at every captured query length (1 and 1 + k),
+batch sizes among 1, 4, 16, 64, 256 (and the largest), at the captured query lengths among 1, 2, 3, 5,
+9, 17 (and the largest: the ShapeTable interpolates the others),
 a few replays of the graph over padding rows only (their K/V go to the scratch block), the median time
 of each (a ShapeTable). A draft model's forward (draft_model) is measured the same way on its own
 graphs; "self" reuses the target's table; a DFlash drafter is priced as the target's forward over its
@@ -15,7 +16,8 @@ the weights, plus the matmul FLOPs of its tokens. It is deterministic, so two en
 alike (the CPU parity gates compare separately built engines); it does not know the machine's speed,
 only the shape of the cost, which is what the policy's comparisons need.
 
-Host work per engine step (both): an assumed constant plus a constant per sequence (DeviceRates).
+Host work of a step with drafts (both): an assumed constant plus a constant per sequence, and per drafter
+forward the same (DeviceRates; the CUDA figures are from the H200's step traces).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from verispec.spec_decode.cost import (
 )
 
 MEASURED_BATCHES = (1, 4, 16, 64, 256)
+MEASURED_QUERY_LENS = (1, 2, 3, 5, 9, 17)
 
 
 @dataclass(frozen=True)
@@ -47,13 +50,19 @@ class DeviceRates:
     mem_bytes_per_s: float
     flops_per_s: float
     launch_per_layer: float  # seconds of kernel launches / Python per layer and forward
-    host_per_step: float  # the engine's host work per step
+    host_per_step: float  # the engine's host work per step with drafts (which the device waits for)
     host_per_seq: float  # ... and per sequence in it
     ngram_per_request: float  # one prompt-lookup on the host
+    draft_forward_host: float  # host work of one drafter forward (inputs, launch)
+    draft_forward_host_per_seq: float  # ... and per drafting sequence
 
 
-CPU_RATES = DeviceRates(20e9, 1e11, 150e-6, 1.5e-3, 30e-6, 20e-6)
-CUDA_RATES = DeviceRates(3e12, 4e14, 150e-6, 0.5e-3, 15e-6, 20e-6)
+# CPU host figures: scripts/host_overhead.py's tiny model (an ngram step's host work over a decode step's).
+CPU_RATES = DeviceRates(20e9, 1e11, 150e-6, 0.1e-3, 20e-6, 20e-6, 50e-6, 5e-6)
+# Host figures: the H200's step traces (docs/BENCHMARKS.md, session 9): the gap a step with drafts
+# leaves on the GPU is ~0.55 ms + 25 us per sequence (ngram, batch 1 / 16 / 64: 0.62 / 1.06 / 2.16 ms),
+# and a draft model's step adds ~65 us + 13 us per sequence per draft forward.
+CUDA_RATES = DeviceRates(3e12, 4e14, 150e-6, 0.55e-3, 25e-6, 5e-6, 65e-6, 13e-6)
 
 
 def analytic_forward(model: torch.nn.Module, rates: DeviceRates, num_layers: int) -> LinearForward:
@@ -79,8 +88,9 @@ def measure_graphs(graphs, reps: int = 5) -> ShapeTable:
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda *_: None)
     sizes = graphs.batch_sizes
     batches = sorted({b for b in sizes if b in MEASURED_BATCHES} | {sizes[-1]})
+    qs = graphs.query_lens
     times = {}
-    for q in graphs.query_lens:
+    for q in sorted({q for q in qs if q in MEASURED_QUERY_LENS} | {qs[0], qs[-1]}):
         for b in batches:
             graphs.replay_padding(b, q)  # capture + warm up
             sync(dev)
@@ -109,7 +119,8 @@ def build_step_cost(model: torch.nn.Module, proposer, runner, device: torch.devi
     if measure is None:
         measure = cuda and graphs is not None
     target: ForwardCost = measure_graphs(graphs) if measure else analytic_forward(model, rates, layers)
-    common = dict(target=target, overhead=rates.host_per_step, overhead_per_seq=rates.host_per_seq)
+    common = dict(target=target, overhead=rates.host_per_step, overhead_per_seq=rates.host_per_seq,
+                  drafter_host=rates.draft_forward_host, drafter_host_per_seq=rates.draft_forward_host_per_seq)
     if isinstance(proposer, DraftModelProposer):
         draft = proposer.model
         if draft is model:

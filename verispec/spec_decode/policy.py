@@ -1,4 +1,4 @@
-"""Adaptive speculation: how many drafts (0..k) each request verifies in its next step.
+"""Adaptive speculation: how many drafts (0..k) the requests of the next step verify.
 
 Per request the policy keeps per-position reach / accept counts: position i (draft i + 1) is *reached*
 by a verification that carried more than i drafts and accepted the first i; it is *accepted* when
@@ -14,23 +14,36 @@ w starts at `prior_strength` and decays like the counts (the prior is the reques
 evidence), so a request whose drafts are never accepted ends at p = 0, not at a floor the prior holds up.
 
 The expected accepted length of k drafts is L(k) = sum_{j<=k} prod_{i<=j} p_i, so a verify of k
-drafts emits 1 + L(k) tokens on average. The policy picks the k in 0..k_cap that maximises
-(1 + L(k)) / cost.seconds(k, batch): tokens per second of a step in which every one of the batch's
-requests behaved like this one (cost.py says what a step costs). A larger k must beat the best smaller
-one by a factor 1 + min_gain: near-ties, where the cost model's error decides, go to fewer drafts.
+drafts emits 1 + L(k) tokens on average.
 
-Re-probing: a request whose best k is 0 gets `probe_k` drafts when it has emitted at least P output
-tokens since the start of its last verification with drafts, P = clamp(n // 4, probe_min, probe_max)
-for a request with n output tokens: a request whose text becomes predictable drafts again.
+One k per step. The runner pads every row of a verify step to one query length so that the step
+replays a CUDA graph, so a request verifying fewer drafts than another in its step saves nothing:
+the step's cost is that of its largest k. plan() therefore picks the step's k in 0..max_k that
+maximises the batch's expected tokens per second,
 
-Everything here is a function of the counts the engine reports (observe) and the arguments of choose:
-no clocks, no randomness, no token values. The engine reports counts when it commits a step (both of
-its loops commit before they propose, with the accepted counts known), so the decisions are the same
-in the synchronous and the overlapped loop whenever `batch` is.
+    sum_r (1 + L_r(k)) / cost.seconds(k, batch)
+
+(cost.py: what a step costs), and every request drafts that many (fewer where its length caps it).
+A larger k must beat the best smaller one by a factor 1 + min_gain: near-ties, where the cost
+model's error decides, go to fewer drafts. k = 0 is a plain decode step: no drafting, no verify rows.
+
+Re-probing: while the plan is k = 0 the policy counts the steps; after `probe_every` of them the
+step gets `probe_k` drafts, so requests whose text became predictable draft again. probe_every starts
+at probe_min and doubles after each probe that leaves the plan at 0 (up to probe_max), and falls back
+to probe_min once a plan drafts: a batch whose drafts never pay spends about one step in probe_max on
+them.
+
+Everything here is a function of the counts the engine reports (observe) and the arguments of plan:
+no clocks, no randomness, no token values; sums are exact (math.fsum), so the order of the requests
+does not matter. The engine reports counts when it commits a step (both loops commit before they
+propose, with the accepted counts known) and asks for one plan per step with drafts to plan, over the
+same requests in both loops (engine.py, _plan_drafts), so the decisions are the same in the
+synchronous and the overlapped loop.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from verispec.spec_decode.cost import StepCost
@@ -43,8 +56,8 @@ class PolicyParams:
     half_life: float = 6.0  # verifications after which a count weighs half
     prior_mean: float = 0.5  # acceptance assumed for draft 1 of a request never verified
     prior_strength: float = 1.0  # pseudo-observations behind each position's prior
-    probe_min: int = 8  # re-probe interval bounds (output tokens), see the module docstring
-    probe_max: int = 64
+    probe_min: int = 8  # re-probe interval bounds (steps planned at k = 0), see the module docstring
+    probe_max: int = 128
     probe_k: int = 1  # drafts of a probe
     min_gain: float = 0.02  # relative gain in tokens per second a larger k needs
 
@@ -56,12 +69,9 @@ class PolicyParams:
         if not (1 <= self.probe_min <= self.probe_max and self.probe_k >= 1):
             raise ValueError("PolicyParams needs 1 <= probe_min <= probe_max and probe_k >= 1")
 
-    def probe_interval(self, num_output_tokens: int) -> int:
-        return max(self.probe_min, min(self.probe_max, num_output_tokens // 4))
-
 
 class AcceptanceStats:
-    """One request's decayed per-position counts and its probe clock."""
+    """One request's decayed per-position counts."""
 
     __slots__ = ("reach", "accept", "prior_weight", "last_verified", "_tokens")
 
@@ -119,7 +129,7 @@ class AcceptanceStats:
 
 
 class SpeculationPolicy:
-    """Chooses each request's drafts for its next step from its own acceptance and the step cost."""
+    """Chooses each step's drafts from its requests' own acceptance and the step cost."""
 
     def __init__(self, max_k: int, cost: StepCost, params: PolicyParams | None = None) -> None:
         if max_k < 1:
@@ -131,6 +141,9 @@ class SpeculationPolicy:
         self.stats: dict[str, AcceptanceStats] = {}
         self._fresh = AcceptanceStats(max_k, self.params.prior_strength)  # a request never verified
         self._costs: dict[int, list[float]] = {}  # batch -> seconds of a step at k = 0..max_k
+        self._retired: list[str] = []  # finished requests, dropped after the next plan
+        self.idle_steps = 0  # consecutive plans at k = 0 since the last drafting step
+        self.probe_every = self.params.probe_min
 
     def _stats(self, request_id: str) -> AcceptanceStats:
         st = self.stats.get(request_id)
@@ -145,8 +158,9 @@ class SpeculationPolicy:
             self._stats(request_id).observe(num_drafts, max(0, num_emitted - 1), output_index, self.decay)
 
     def forget(self, request_id: str) -> None:
-        """The request finished: drop its state."""
-        self.stats.pop(request_id, None)
+        """The request finished: its state goes after the next plan (which may still count it: the
+        overlapped loop learns of a stop one step later than the synchronous loop, engine.py)."""
+        self._retired.append(request_id)
 
     def step_costs(self, batch: int) -> list[float]:
         """Seconds of a step of `batch` requests at k = 0..max_k (cached per batch)."""
@@ -155,33 +169,40 @@ class SpeculationPolicy:
             c = self._costs[batch] = [self.cost.seconds(k, batch) for k in range(self.max_k + 1)]
         return c
 
-    def best_k(self, request_id: str, k_cap: int, batch: int) -> int:
-        """The k in 0..k_cap with the most expected tokens per second (no probing)."""
-        k_cap = min(k_cap, self.max_k)
-        if k_cap <= 0:
-            return 0
-        costs = self.step_costs(max(1, batch))
+    def expected_tokens(self, request_id: str) -> list[float]:
+        """1 + L(k) for k = 0..max_k: the request's expected tokens from a verification of k drafts."""
         st = self.stats.get(request_id)
-        if st is None:
-            st = self._fresh
-        tokens = st.expected_tokens(self.params.prior_mean)
+        return (st if st is not None else self._fresh).expected_tokens(self.params.prior_mean)
+
+    def best_k(self, request_ids: list[str], batch: int | None = None) -> int:
+        """The step k with the most expected tokens per second for these requests (no probing, no
+        state change); batch: the step's size for its cost (default: len(request_ids))."""
+        if not request_ids:
+            return 0
+        costs = self.step_costs(max(1, batch or len(request_ids)))
+        per = [self.expected_tokens(r) for r in request_ids]
         gain = 1.0 + self.params.min_gain
-        best_k, best = 0, 1.0 / costs[0]
-        for k in range(1, k_cap + 1):
-            rate = tokens[k] / costs[k]
+        best_k, best = 0, len(per) / costs[0]
+        for k in range(1, self.max_k + 1):
+            rate = math.fsum(t[k] for t in per) / costs[k]
             if rate > best * gain:
                 best_k, best = k, rate
         return best_k
 
-    def choose(self, request_id: str, num_output_tokens: int, k_cap: int, batch: int) -> int:
-        """Drafts for the request's next step: best_k, or a probe when that is 0 and the request has
-        gone probe_interval output tokens without a verification. A pure function of the request's
-        observed counts and the arguments (choosing twice gives the same answer)."""
-        k = self.best_k(request_id, k_cap, batch)
-        if k > 0 or k_cap <= 0:
-            return k
-        st = self.stats.get(request_id)
-        last = st.last_verified if st is not None else 0
-        if num_output_tokens - last >= self.params.probe_interval(num_output_tokens):
-            return min(self.params.probe_k, k_cap)
-        return 0
+    def plan(self, request_ids: list[str], batch: int | None = None) -> int:
+        """The drafts of the next step for every one of these requests: best_k, or a probe when that
+        has been 0 for probe_every plans (module docstring). Advances the probe clock, then drops the
+        requests forgotten before it."""
+        k = self.best_k(request_ids, batch)
+        if k > 0:
+            self.idle_steps, self.probe_every = 0, self.params.probe_min
+        elif request_ids:
+            self.idle_steps += 1
+            if self.idle_steps >= self.probe_every:
+                self.idle_steps = 0
+                self.probe_every = min(2 * self.probe_every, self.params.probe_max)
+                k = self.params.probe_k
+        for rid in self._retired:
+            self.stats.pop(rid, None)
+        self._retired.clear()
+        return min(k, self.max_k)
