@@ -165,9 +165,11 @@ def run_spec(bm: BenchModel, methods: list[str], batch_sizes: list[int], output_
             mk = dflash_k if method == "dflash" else k
             engine = make_engine(bm, spec_config(method, mk, draft_model, dflash_model, adaptive), b, ids,
                                  [output_len] * len(ids), draft)
-            # Warm-up on every prompt: each prompt length's prefill may compile its own kernels
-            # (on the H200 a warm-up on the first b prompts left `none` at 407 tok/s instead of 773).
-            drive(engine, ids, [greedy(8)] * len(ids), bm.device)
+            # Warm-up: the whole workload once. Each prompt length's prefill, each query length of a
+            # verify step and each shape of a mixed step may compile its own kernels on first use (on the
+            # H200 a warm-up on the first b prompts left `none` at 407 tok/s instead of 773; one of 8
+            # tokens per prompt left ~1 s compiles in the timed speculative runs, session 9).
+            drive(engine, ids, [greedy(output_len)] * len(ids), bm.device)
             runs = [drive(engine, ids, [greedy(output_len)] * len(ids), bm.device) for _ in range(repeats)]
             del engine
             free_memory()

@@ -262,10 +262,17 @@ class CudaGraphRunner(GraphRunner):
             print(f"captured {len(shapes)} CUDA graphs (batch {self.batch_sizes} x query {self.query_lens}) in {secs:.1f}s")
 
     def _pad(self, key: tuple[int, int]) -> AttentionMetadata:
-        """Shape (b, q) as padding rows only (their K/V go to the scratch block)."""
+        """Shape (b, q) as padding rows only (their K/V go to the scratch block). With the staging
+        kernel, it writes them (a step of 0 real rows), so that its specialization for query length
+        q compiles here, at capture, not in the middle of a run."""
         b, q = key
         self.query_start_loc[0] = 0
-        self._fill(0, b, q)
+        if self._stage_kernel is not None:
+            bufs = (self.input_ids, self.positions, self.slot_mapping, self.query_start_loc, self.seq_lens,
+                    self.block_tables)
+            self._stage_kernel(bufs, bufs, 0, b, q, self.scratch_block, self.block_size, None, self.options)
+        else:
+            self._fill(0, b, q)
         return self._meta(b, q)
 
     @torch.inference_mode()
