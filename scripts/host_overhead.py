@@ -105,12 +105,21 @@ def measure(model, batch: int, async_scheduling: bool, spec: dict | None, steps:
             output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE, gc_freeze: bool = True,
             gc_threshold: int | None = None) -> dict:
     eng = tiny_engine(
-        model, spec=spec, async_scheduling=async_scheduling, max_num_seqs=max(batch, 1),
+        model, spec={k: v for k, v in spec.items() if k != "k0"} if spec else None, async_scheduling=async_scheduling, max_num_seqs=max(batch, 1),
         max_num_batched_tokens=4096, num_gpu_blocks=batch * ((64 + steps * 6) // 16 + 4) + 16,
         gc_freeze=gc_freeze,
     )
     if not gc_freeze:
         gc.unfreeze()  # an earlier engine's freeze (runs of this script alternate) stays out of this one
+    if spec is not None and spec.get("k0"):  # adaptive, planned at k = 0 every step: a plain decode step's work
+        from verispec.spec_decode.policy import PolicyParams, SpeculationPolicy
+
+        class NeverPays:
+            def seconds(self, k: int, batch: int) -> float:
+                return 1.0 + 10.0 * k
+
+        never = 10**9
+        eng.policy = SpeculationPolicy(eng.proposer.k, NeverPays(), PolicyParams(probe_min=never, probe_max=never))
     params = SamplingParams(temperature=0.0, max_tokens=steps * 5 + 64, ignore_eos=True, output_kind=output_kind)
     for i, p in enumerate(prompts(batch, 64)):
         eng.add_request(f"r{i}", None, params, p)
@@ -145,7 +154,10 @@ def measure(model, batch: int, async_scheduling: bool, spec: dict | None, steps:
 
 SORT = "cumulative"
 CASES = {"decode": None, "ngram4": {"method": "ngram", "num_speculative_tokens": 4},
-         "self4": {"method": "self", "num_speculative_tokens": 4}}
+         "self4": {"method": "self", "num_speculative_tokens": 4},
+         # adaptive, but planned at k = 0 every step (the host work a speculative engine adds to decode steps)
+         "ngram4-k0": {"method": "ngram", "num_speculative_tokens": 4, "adaptive": True, "k0": True},
+         "self4-k0": {"method": "self", "num_speculative_tokens": 4, "adaptive": True, "k0": True}}
 
 
 def main() -> None:

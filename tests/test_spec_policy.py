@@ -218,3 +218,19 @@ def test_modeled_step_cost_by_drafter_kind():
         ModeledStepCost(target=fwd, drafter_kind=BLOCK)
     with pytest.raises(ValueError):
         PolicyParams(probe_min=0)
+
+
+def test_no_probes_where_no_draft_could_pay():
+    """A cost under which even always-accepted drafts lose (each draft costs more than a plain step):
+    the plan stays at 0 and never probes; where they could pay, it probes."""
+
+    class Dear:
+        def seconds(self, k: int, batch: int) -> float:
+            return 1.0 + (1.5 * k if batch > 8 else 0.1 * k)
+
+    pol = SpeculationPolicy(K, Dear())
+    assert not pol.could_pay(16) and pol.could_pay(4)
+    st = pol.stats["r"] = AcceptanceStats(K, 0.0)
+    st.reach, st.accept = [50.0, 0.0, 0.0, 0.0], [0.0] * K  # never accepted: best_k is 0 at any batch
+    assert all(pol.plan(["r"], 16) == 0 for _ in range(1000))
+    assert any(pol.plan(["r"], 4) > 0 for _ in range(1000))

@@ -340,7 +340,12 @@ class LLMEngine:
         outputs: list[RequestOutput] = []
         if self.policy is not None:
             k = self._plan_drafts(ready)
-            if drain and k > 0:
+            if k == 0:  # the next step is a plain decode step: nothing to reserve or draft
+                for r in ready:
+                    if r.spec_token_ids:
+                        r.spec_token_ids = []
+                ready = []  # (a drafter still sees the step: DFlash writes its context K/V in propose)
+            elif drain:
                 outputs = self._drain()
                 ready = [r for r in ready if r.status is Status.RUNNING and not r.pending_stop]
         elif drain:
@@ -384,6 +389,10 @@ class LLMEngine:
             return 0
         ids = [r.request_id for r in ready] + self._stopped_latest
         k = self.policy.plan(ids)
+        if k == 0:
+            for r in ready:
+                r.draft_limit = 0
+            return 0
         cap = self.proposer.max_drafts_for
         for r in ready:
             r.draft_limit = min(k, cap(r))

@@ -31,7 +31,8 @@ Re-probing: while the plan is k = 0 the policy counts the steps; after `probe_ev
 step gets `probe_k` drafts, so requests whose text became predictable draft again. probe_every starts
 at probe_min and doubles after each probe that leaves the plan at 0 (up to probe_max), and falls back
 to probe_min once a plan drafts: a batch whose drafts never pay spends about one step in probe_max on
-them.
+them. At a batch size where no k would pay even if every draft were accepted (could_pay), the policy
+does not probe at all.
 
 Everything here is a function of the counts the engine reports (observe) and the arguments of plan:
 no clocks, no randomness, no token values; sums are exact (math.fsum), so the order of the requests
@@ -141,6 +142,7 @@ class SpeculationPolicy:
         self.stats: dict[str, AcceptanceStats] = {}
         self._fresh = AcceptanceStats(max_k, self.params.prior_strength)  # a request never verified
         self._costs: dict[int, list[float]] = {}  # batch -> seconds of a step at k = 0..max_k
+        self._could_pay: dict[int, bool] = {}  # batch -> could_pay(batch)
         self._retired: list[str] = []  # finished requests, dropped after the next plan
         self.idle_steps = 0  # consecutive plans at k = 0 since the last drafting step
         self.probe_every = self.params.probe_min
@@ -189,6 +191,16 @@ class SpeculationPolicy:
                 best_k, best = k, rate
         return best_k
 
+    def could_pay(self, batch: int) -> bool:
+        """Whether drafts could pay at this batch size at all: some k beats a plain step even if every
+        draft were accepted (1 + k tokens). Where none does, plan() does not probe."""
+        c = self._could_pay.get(batch)
+        if c is None:
+            costs = self.step_costs(max(1, batch))
+            gain = 1.0 + self.params.min_gain
+            c = self._could_pay[batch] = any((1 + k) / costs[k] > gain / costs[0] for k in range(1, self.max_k + 1))
+        return c
+
     def plan(self, request_ids: list[str], batch: int | None = None) -> int:
         """The drafts of the next step for every one of these requests: best_k, or a probe when that
         has been 0 for probe_every plans (module docstring). Advances the probe clock, then drops the
@@ -196,7 +208,7 @@ class SpeculationPolicy:
         k = self.best_k(request_ids, batch)
         if k > 0:
             self.idle_steps, self.probe_every = 0, self.params.probe_min
-        elif request_ids:
+        elif request_ids and self.could_pay(batch or len(request_ids)):
             self.idle_steps += 1
             if self.idle_steps >= self.probe_every:
                 self.idle_steps = 0
