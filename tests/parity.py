@@ -6,12 +6,16 @@ import random
 
 from verispec import SamplingParams
 
+# k pinned (adaptive off): these drive the mechanics (drafts every step); tests of the policy set
+# "adaptive": True themselves.
 SPECS = {
     "none": None,
-    "ngram": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
-    "self": {"method": "self", "num_speculative_tokens": 3},
-    "draft_model": {"method": "draft_model", "num_speculative_tokens": 3, "model": "draft"},
-    "dflash": {"method": "dflash", "num_speculative_tokens": 3, "model": "drafter"},  # tests fill in the path
+    "ngram": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
+              "adaptive": False},
+    "self": {"method": "self", "num_speculative_tokens": 3, "adaptive": False},
+    "draft_model": {"method": "draft_model", "num_speculative_tokens": 3, "model": "draft", "adaptive": False},
+    "dflash": {"method": "dflash", "num_speculative_tokens": 3, "model": "drafter",  # tests fill in the path
+               "adaptive": False},
 }
 
 

@@ -6,10 +6,17 @@ from __future__ import annotations
 import pytest
 import torch
 from parity import SPECS, STRESS, run_scenario, scenario_params, scenario_prompts
-from tiny import greedy_continuation, run_all, tiny_config, tiny_engine, tiny_model, trained_tiny_drafter
+from tiny import (
+    CheapDrafts,
+    greedy_continuation,
+    run_all,
+    tiny_config,
+    tiny_engine,
+    tiny_model,
+    trained_tiny_drafter,
+)
 
 from verispec.spec_decode.dflash import save_drafter
-from verispec.spec_decode.policy import SpeculationPolicy
 
 VOCAB = 512  # small, so the tiny model's outputs repeat and ngram finds drafts
 
@@ -41,20 +48,10 @@ def make(models, drafter_dir=None, adaptive: bool = False):
         override = draft if spec and spec["method"] == "draft_model" else None
         if spec and spec["method"] == "dflash":
             spec = {**spec, "model": str(drafter_dir)}
-        eng = tiny_engine(target, spec=spec, draft_override=override, async_scheduling=async_scheduling, **STRESS)
-        if eng.policy is not None:  # a cost under which k moves with the batch and the acceptance
-            eng.policy = SpeculationPolicy(eng.proposer.k, BatchCost())
-        return eng
+        return tiny_engine(target, spec=spec, draft_override=override, async_scheduling=async_scheduling,
+                           step_cost=CheapDrafts() if adaptive else None, **STRESS)
 
     return build
-
-
-class BatchCost:
-    """A step cost whose best k falls as the batch grows (the tiny model's analytic cost prices a
-    drafter forward so high that most drafts would not pay, leaving the gate little to compare)."""
-
-    def seconds(self, k: int, batch: int) -> float:
-        return 1.0 + 0.04 * k * batch
 
 
 PARITY_CASES = [("none", False)] + [(m, a) for m in ("ngram", "self", "draft_model", "dflash") for a in (False, True)]

@@ -186,7 +186,7 @@ def test_spec_pinned_k_and_default_sweep(tmp_path):
         r = rows[("self", b)]
         assert r["adaptive"] is False and r["mean_k"] == 1.5 and r["acceptance_rate"] == 1.0 and len(r["runs"]) == 1
     args = build_parser().parse_args(["bench", "spec"])
-    assert args.batch_sizes == [1, 4, 16, 64] and args.adaptive is False and args.repeats == 3
+    assert args.batch_sizes == [1, 4, 16, 64] and args.adaptive is True and args.repeats == 3
 
 
 def test_spec_dflash_random_drafter(tmp_path):

@@ -128,8 +128,8 @@ def test_configs_are_frozen_and_hashable():
 
 def test_speculative_config_adaptive_and_keys():
     sc = SpeculativeConfig.from_dict({"method": "ngram"})
-    assert sc.adaptive is False  # off until it pays on the GPU (config.py says why)
-    assert SpeculativeConfig.from_dict({"method": "ngram", "adaptive": True}).adaptive is True
+    assert sc.adaptive is True  # the contract's default (../shared/CONTRACT.md)
+    assert SpeculativeConfig.from_dict({"method": "ngram", "adaptive": False}).adaptive is False
     with pytest.raises(ValueError, match="adaptive"):
         SpeculativeConfig.from_dict({"method": "ngram", "adaptive": "sometimes"})
     assert SpeculativeConfig.from_dict({"model": "d"}).method == "draft_model"  # vLLM: a model implies it

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 from parity import STRESS, parity_problems, run_scenario, scenario_prompts
-from tiny import run_all, tiny_config, tiny_engine, tiny_model
+from tiny import CheapDrafts, run_all, tiny_config, tiny_engine, tiny_model
 
 from verispec import SamplingParams
 
@@ -24,35 +24,47 @@ def model():
     return tiny_model()
 
 
-def maker(model, **extra):
+def maker(model, adaptive: bool = False, **extra):
+    """Engines for the parity scenario: k pinned, or the adaptive policy under a cost where accepted
+    drafts pay (tiny.CheapDrafts), so that its plans vary with the batch and the acceptance."""
+
     def build(spec, async_scheduling):
-        return tiny_engine(model, spec=spec, async_scheduling=async_scheduling, **{**STRESS, **extra})
+        if spec:
+            spec = {**spec, "adaptive": adaptive}
+        return tiny_engine(model, spec=spec, async_scheduling=async_scheduling,
+                           step_cost=CheapDrafts() if adaptive and spec else None, **{**STRESS, **extra})
 
     return build
+
+
+POLICY = pytest.mark.parametrize("adaptive", [False, True], ids=["pinned", "adaptive"])
 
 
 GREEDY = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (20, 7, 16, 11, 18, 9)]
 
 
-def oracle_rate(model, async_scheduling: bool) -> float:
-    eng = tiny_engine(model, spec={"method": "self", "num_speculative_tokens": 3}, async_scheduling=async_scheduling)
+def oracle_rate(model, async_scheduling: bool, adaptive: bool = False) -> float:
+    eng = tiny_engine(model, spec={"method": "self", "num_speculative_tokens": 3, "adaptive": adaptive},
+                      async_scheduling=async_scheduling, step_cost=CheapDrafts() if adaptive else None)
     run_all(eng, scenario_prompts(seed=3)[:3], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))
     m = eng.get_metrics()
     return m["spec_decode_num_accepted_tokens"] / m["spec_decode_num_draft_tokens"]
 
 
-def test_no_fault_all_gates_pass(model, monkeypatch):
+@POLICY
+def test_no_fault_all_gates_pass(model, monkeypatch, adaptive):
     monkeypatch.delenv("VERISPEC_FAULT", raising=False)
-    assert parity_problems(maker(model), "self", params=GREEDY) == []
-    assert oracle_rate(model, True) == 1.0  # CPU float32: the target drafting for itself accepts every draft
+    assert parity_problems(maker(model, adaptive), "self", params=GREEDY) == []
+    assert oracle_rate(model, True, adaptive) == 1.0  # CPU float32: the target drafting for itself accepts every draft
 
 
-def test_stale_host_draft_caught_text_stays_correct(model, monkeypatch):
+@POLICY
+def test_stale_host_draft_caught_text_stays_correct(model, monkeypatch, adaptive):
     monkeypatch.setenv("VERISPEC_FAULT", "stale_host_draft")
-    problems = parity_problems(maker(model), "self", params=GREEDY)
+    problems = parity_problems(maker(model, adaptive), "self", params=GREEDY)
     assert problems and all("tokens differ" not in p for p in problems), problems  # counters only
-    assert oracle_rate(model, True) < 0.5
-    assert oracle_rate(model, False) == 1.0  # the sync path holds real drafts on the host
+    assert oracle_rate(model, True, adaptive) < 0.5
+    assert oracle_rate(model, False, adaptive) == 1.0  # the sync path holds real drafts on the host
 
 
 def test_row_by_position_caught(model, monkeypatch):

@@ -143,7 +143,7 @@ def test_draft_catch_up_is_uniform(model, monkeypatch):
         return orig(self, items, sources)
 
     monkeypatch.setattr(DraftModelProposer, "_forward_chunks", record)
-    eng = tiny_engine(model, spec={"method": "self", "num_speculative_tokens": k})
+    eng = tiny_engine(model, spec={"method": "self", "num_speculative_tokens": k, "adaptive": False})
     prompts = [[7, 8, 9, 10, 11, 12], [20, 21, 22, 23, 24, 25, 26, 27, 28]]
     run_all(eng, prompts, [SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)] * 2)
     # The first propose() of a request drafts over its whole prompt + first token (the draft's
@@ -152,3 +152,34 @@ def test_draft_catch_up_is_uniform(model, monkeypatch):
     assert len(catch_ups) == len(lengths) - len(prompts)
     assert catch_ups and all(n == k + 1 for n in catch_ups), lengths
     assert eng.get_metrics()["spec_decode_num_accepted_tokens"] == eng.get_metrics()["spec_decode_num_draft_tokens"]
+
+
+def test_draft_catch_up_after_steps_without_drafts_is_a_power_of_two(model, monkeypatch):
+    """Adaptive, with a plan of 0 drafts except every 7th step: the catch-up after a stretch without
+    drafts covers the gap with the last 2^j tokens (a few shapes, not one per gap length), the others
+    are k + 1, and the oracle still accepts every draft (the recomputed K/V are the same)."""
+    from verispec.spec_decode.draft_model import DraftModelProposer
+
+    k, lengths, gaps, starts = 3, [], [], []
+    orig = DraftModelProposer._forward_chunks
+
+    def record(self, items, sources):
+        for r, start, end in items:
+            lengths.append(end - start)
+            gaps.append(end - self._written(r))
+            starts.append(start)
+        return orig(self, items, sources)
+
+    monkeypatch.setattr(DraftModelProposer, "_forward_chunks", record)
+    eng = tiny_engine(model, spec={"method": "self", "num_speculative_tokens": k, "adaptive": True})
+    calls = iter(range(10**6))
+    eng.policy.plan = lambda ids, batch=None: k if next(calls) % 7 == 6 else 0
+    prompts = [[7, 8, 9, 10, 11, 12], [20, 21, 22, 23, 24, 25, 26, 27, 28]]
+    run_all(eng, prompts, [SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)] * 2)
+    later = [(n, g, s) for n, g, s in zip(lengths, gaps, starts, strict=True) if n not in [len(p) + 1 for p in prompts]]
+    assert any(n > k + 1 for n, _, _ in later)  # stretches without drafts happened
+    for n, g, start in later:  # covers the gap: k + 1 tokens, the last 2^j, or all of them (from position 0)
+        assert n >= g and (n == k + 1 or n & (n - 1) == 0 or start == 0), later
+    m = eng.get_metrics()
+    assert m["spec_decode_num_draft_tokens"] > 0
+    assert m["spec_decode_num_accepted_tokens"] == m["spec_decode_num_draft_tokens"]

@@ -42,11 +42,22 @@ def tiny_model(cfg: ModelConfig | None = None, seed: int = 0) -> CausalLM:
     return build_model(cfg, sd, torch.device("cpu"), torch.float32)
 
 
+class CheapDrafts:
+    """A step cost under which drafts pay when they are accepted, less so as the batch grows (the tiny
+    model's analytic CPU cost prices a drafter forward so high that the self oracle would never draft):
+    for tests of the adaptive policy's plumbing that need drafts to happen."""
+
+    def seconds(self, k: int, batch: int) -> float:
+        return 1.0 + 0.04 * k * batch
+
+
 def tiny_engine(
-    model: CausalLM | None = None, spec: dict | None = None, draft_override: CausalLM | None = None, **kw
+    model: CausalLM | None = None, spec: dict | None = None, draft_override: CausalLM | None = None,
+    step_cost=None, **kw
 ) -> LLMEngine:
     """An engine around a tiny model. kw override EngineConfig fields; draft_override is the model
-    that a draft_model speculative_config drafts with (instead of loading its registry name).
+    that a draft_model speculative_config drafts with (instead of loading its registry name);
+    step_cost: the adaptive policy's cost model (None: the engine's own, analytic on CPU).
 
     No gc.freeze at start-up unless kw asks for it (gc_freeze=True, the engine's default): each freeze
     is a full collection (~0.2 s here), which the many engines of the tests would pay again and again."""
@@ -55,7 +66,8 @@ def tiny_engine(
     defaults = dict(model="tiny", device="cpu", dtype="float32", max_num_batched_tokens=256, num_gpu_blocks=256,
                     gc_freeze=False)
     cfg = EngineConfig(**{**defaults, **kw}, speculative_config=SpeculativeConfig.from_dict(spec))
-    parts = assemble_parts(cfg, real_tokenizer(), model, torch.device("cpu"), torch.float32, draft_model=draft)
+    parts = assemble_parts(cfg, real_tokenizer(), model, torch.device("cpu"), torch.float32, draft_model=draft,
+                           step_cost=step_cost)
     return LLMEngine(cfg, parts)
 
 

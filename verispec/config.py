@@ -166,10 +166,11 @@ class SpeculativeConfig(_Checked):
     model: str | None = option(None, "the draft model (draft_model) or the DFlash drafter folder (dflash)")
     prompt_lookup_min: int = option(1, "ngram: shortest n-gram to look up", **_at_least(1))
     prompt_lookup_max: int = option(4, "ngram: longest n-gram to look up", **_at_least(1))
-    # Off by default until it pays on the GPU: on the H200 (2026-12-01, docs/BENCHMARKS.md) the policy
-    # picked k ~ 1 for the 0.5B draft model at 83% acceptance and made it 3-11x slower than k pinned.
-    adaptive: bool = option(False, "let the engine pick 0..k drafts per request per step from the request's "
-                                   "acceptance and the step's cost (false: k pinned; experimental)")
+    # On by default (the contract's default): one k per step, planned from the requests' acceptance and
+    # the step's cost (spec_decode/policy.py); on the H200 it is ahead of k pinned in 13 of 16 measured
+    # points (docs/BENCHMARKS.md, session 9).
+    adaptive: bool = option(True, "let the engine pick each step's drafts (0..k) from its requests' "
+                                  "acceptance and the step's cost (false: k pinned)")
 
     PREFIX: ClassVar[str] = "speculative_config."
     METHODS: ClassVar[tuple[str, ...]] = SPEC_METHODS

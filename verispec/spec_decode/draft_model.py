@@ -9,9 +9,9 @@ loop never waits for draft values. "self" is this proposer with the target model
 oracle: greedy acceptance ~100%).
 
 Shapes are kept uniform so the drafter's steps replay CUDA graphs: the catch-up forward that
-brings the draft cache level with the target always covers the last k + 1 tokens (recomputing K/V
-of positions it already holds, which gives the same values), and each further draft step is one
-token per request. On CUDA (without enforce_eager) bind() captures graphs for both shapes.
+brings the draft cache level with the target covers the last k + 1 tokens (recomputing K/V of
+positions it already holds, which gives the same values), or the last 2^j after steps without
+drafts (_catch_up_start), and each further draft step is one token per request. On CUDA (without enforce_eager) bind() captures graphs for both shapes.
 """
 
 from __future__ import annotations
@@ -122,9 +122,16 @@ class DraftModelProposer(Proposer):
         return out
 
     def _catch_up_start(self, req: Request) -> int:
-        """First position of the catch-up forward: the last k + 1 tokens (uniform shape), or from
-        the first position the draft cache lacks when that is earlier."""
-        return max(0, min(self._written(req), req.num_tokens - (self.k + 1)))
+        """First position of the catch-up forward: the last k + 1 tokens (uniform shape), or, when the
+        draft cache lacks an earlier position (after steps planned without drafts), the last 2^j
+        tokens that cover it: catch-up lengths come from a few powers of two, so the eager forwards
+        that run them compile a few kernel specializations once instead of one per gap length (each
+        a ~1 s stall on the H200, docs/BENCHMARKS.md session 9). Recomputing K/V the cache already
+        holds writes the same values."""
+        n = req.num_tokens - min(self._written(req), req.num_tokens - (self.k + 1))
+        if n > self.k + 1:
+            n = 1 << (n - 1).bit_length()
+        return max(0, req.num_tokens - n)
 
     def _forward_chunks(self, items: list[tuple[Request, int, int]], sources: dict) -> torch.Tensor:
         """Forward tokens [start, end) of each request (placeholders combined on the device)."""
