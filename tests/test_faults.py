@@ -13,7 +13,7 @@ prefix-cache equivalence gate (test_early_prefix_publish_caught) is what catches
 from __future__ import annotations
 
 import pytest
-from parity import STRESS, parity_problems, run_scenario, scenario_prompts
+from parity import STRESS, parity_problems, run_scenario, scenario_params, scenario_prompts
 from tiny import CheapDrafts, run_all, tiny_config, tiny_engine, tiny_model
 
 from verispec import SamplingParams
@@ -112,6 +112,20 @@ def test_miscount_rejected_caught(model, monkeypatch):
         "per_request_spec_num_accepted_tokens"], check.problems
     assert m["spec_decode_num_accepted_tokens"] == want.accepted + want.rejected_drafts
     assert m["spec_decode_num_accepted_tokens_per_pos"] == [*want.per_pos[:2], want.per_pos[2] + want.rejected_drafts]
+
+
+def test_stale_graph_metadata_caught(monkeypatch):
+    """A replay that keeps the previous replay's seq_lens (the static metadata a CUDA graph reads):
+    the graph-path run (on the CPU, the graph runner's eager capture=False mode over the same static
+    buffers, test_graph_padding.py) no longer matches the run without graphs; without the fault it does."""
+    from test_graph_padding import VOCAB, build
+
+    prompts, params = scenario_prompts(vocab_hi=VOCAB - 12), scenario_params(32)
+    monkeypatch.delenv("VERISPEC_FAULT", raising=False)
+    plain = run_scenario(build(False), "ngram", False, prompts, params)[0]
+    assert run_scenario(build(True), "ngram", False, prompts, params)[0] == plain
+    monkeypatch.setenv("VERISPEC_FAULT", "stale_graph_metadata")
+    assert run_scenario(build(True), "ngram", False, prompts, params)[0] != plain
 
 
 def test_debug_stale_read_raises(model, monkeypatch):

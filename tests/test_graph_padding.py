@@ -35,7 +35,8 @@ def build(graphs: bool):
             r.kv_caches = allocate_kv_cache(c.num_layers, num_blocks + 1, r.block_size, c.num_kv_heads, c.head_dim,
                                             torch.float32, "cpu")
             r.graphs = CudaGraphRunner(model, r.kv_caches, max_batch=8, query_lens=(1, 1 + K), block_size=r.block_size,
-                                       max_blocks_per_seq=-(-eng.max_model_len // r.block_size), capture=False)
+                                       max_blocks_per_seq=-(-eng.max_model_len // r.block_size), capture=False,
+                                       faults=eng.faults)
         return eng
 
     return make

@@ -35,6 +35,7 @@ import torch
 
 from verispec.attention.backend import AttentionBackend
 from verispec.core.attention_metadata import AttentionMetadata
+from verispec.core.faults import NO_FAULTS, Faults
 from verispec.core.options import KernelOptions
 from verispec.models.kernel_path import options_of
 from verispec.models.qwen2 import CausalLM
@@ -167,6 +168,7 @@ class CudaGraphRunner(GraphRunner):
         capture: bool = True,
         lazy: bool = False,
         options: KernelOptions | None = None,
+        faults: Faults = NO_FAULTS,
     ) -> None:
         """capture=False skips the graphs: run() then executes the same padded forward eagerly
         (for CPU tests, and to tell padding problems from capture problems). lazy=True captures
@@ -174,6 +176,7 @@ class CudaGraphRunner(GraphRunner):
         the staging kernel's (None: the model's, models/kernel_path.options_of)."""
         super().__init__(model.attn_backend, capture, lazy)
         self.options = options or options_of(model)
+        self.faults = faults
         self.model, self.kv_caches = model, kv_caches
         self.block_size, self.max_blocks = block_size, max_blocks_per_seq
         self.query_lens = tuple(sorted(set(query_lens)))
@@ -316,7 +319,10 @@ class CudaGraphRunner(GraphRunner):
             return None
         key = (b, query_len)
         self.ensure(key)  # before staging the inputs: capturing rewrites the buffers
+        stale = self.seq_lens.clone() if self.faults.active("stale_graph_metadata") else None
         self._stage(input_ids, positions, meta, num_seqs, b, query_len, placeholders)
+        if stale is not None:  # the planted bug: the replay reads the previous replay's seq_lens
+            self.seq_lens.copy_(stale)
         out = self.replay(key, meta)
         hidden, captured = out if out is not None else self._forward(key)  # None: capture=False
         return GraphOutput(

@@ -79,7 +79,7 @@ class ModelRunner:
 
                 # The last cache block is the graphs' scratch block (never given to a request).
                 self.graphs = CudaGraphRunner(model, self.kv_caches, block_size=block_size,
-                                              capture_layers=capture_layers, **graph_options)
+                                              capture_layers=capture_layers, faults=faults, **graph_options)
 
     def free_request(self, req_id: str) -> None:
         """Forget a finished or preempted request (its generator)."""
