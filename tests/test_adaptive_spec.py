@@ -4,10 +4,12 @@ changes mid-request, and the two loops agree when requests stop mid-batch."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from parity import SPECS
 from test_spec_decode import mixed_prompts
-from tiny import run_all, tiny_config, tiny_engine, tiny_model
+from tiny import CheapDrafts, run_all, tiny_config, tiny_engine, tiny_model
 
 from verispec import SamplingParams
 from verispec.spec_decode.policy import PolicyParams, SpeculationPolicy
@@ -35,9 +37,9 @@ class ScriptedProposer(Proposer):
     """Drafts from the known greedy continuation: right where right(output index) says so, else the
     right token + 1 (always rejected). Logs (request, output index, drafts) of every proposal."""
 
-    def __init__(self, continuation: dict[str, list[int]], right) -> None:
+    def __init__(self, continuation: dict[str, list[int]], right, found=lambda n: True) -> None:
         super().__init__(K)
-        self.cont, self.right = continuation, right
+        self.cont, self.right, self.found = continuation, right, found
         self.log: list[tuple[str, int, int]] = []
 
     def propose(self, requests, sources=None):
@@ -46,16 +48,16 @@ class ScriptedProposer(Proposer):
             k = self.num_drafts_for(r)
             n = len(r.output_token_ids)
             self.log.append((r.request_id, n, k))
-            if k:
+            if k and self.found(n):  # found(n) False: no drafts this time (an ngram lookup without a match)
                 c = self.cont[r.request_id]
                 out.token_ids[r.request_id] = [c[n + j] if self.right(n + j) else c[n + j] + 1 for j in range(k)]
         return out
 
 
-def scripted_engine(model, ref: list[list[int]], right, adaptive: bool = True, **kw):
+def scripted_engine(model, ref: list[list[int]], right, adaptive: bool = True, found=lambda n: True, **kw):
     """An engine whose proposer is a ScriptedProposer (with the analytic CPU cost of a host drafter)."""
     eng = tiny_engine(model, spec={**SPECS["ngram"], "num_speculative_tokens": K, "adaptive": adaptive}, **kw)
-    eng.proposer = ScriptedProposer({f"r{i}": r for i, r in enumerate(ref)}, right)
+    eng.proposer = ScriptedProposer({f"r{i}": r for i, r in enumerate(ref)}, right, found)
     eng.proposer.bind(eng.blocks.num_blocks, eng.blocks.block_size, eng.max_model_len)
     eng.scheduler.drafts_for = eng.proposer.max_drafts_for
     return eng
@@ -142,6 +144,27 @@ def test_k_follows_acceptance_that_changes_mid_request(model):
         assert back - 160 <= probe_max + 8, (rid, steps)
         assert all(k == K for n, k in steps if back <= n < 250), (rid, steps)
         assert ks  # (keeps the log readable in a failure)
+
+
+def test_missing_drafts_count_as_rejections(model, plain):
+    """A proposer that finds drafts only every other time (always right when it does): the policy's
+    estimate of the first draft's acceptance is about one half, not 1, because a planned step without
+    drafts counts as rejected positions, and the tokens are plain decoding's."""
+    ps, ref, _ = plain
+    found = lambda n: random.Random(n).random() < 0.5  # noqa: E731 - half the time, pseudo-randomly
+    eng = scripted_engine(model, ref, lambda i: True, found=found, step_cost=CheapDrafts())
+    estimates: list[float] = []
+    plan = eng.policy.plan
+
+    def logged(ids, batch=None):
+        k = plan(ids, batch)
+        if "r0" in eng.policy.stats and sum(eng.policy.stats["r0"].reach) > 4:
+            estimates.append(eng.policy.stats["r0"].conditional(eng.policy.params.prior_mean)[0])
+        return k
+
+    eng.policy.plan = logged
+    assert [o.outputs[0].token_ids for o in run_all(eng, ps, GREEDY)] == ref
+    assert estimates and 0.25 < sum(estimates) / len(estimates) < 0.75, estimates
 
 
 @pytest.mark.parametrize("method", ["self", "draft_model", "ngram"])

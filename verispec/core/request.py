@@ -41,6 +41,10 @@ class Request:
     # Drafts the speculation policy allows in the request's next step (None: no policy, k). Set by the
     # engine right before each proposal.
     draft_limit: int | None = None
+    # What the policy planned for the request's next step (0: nothing planned). A proposer that finds
+    # fewer drafts (ngram without a match) falls short of it; the policy counts the shortfall as
+    # rejected positions, so its estimates include the steps where drafts were missing.
+    planned_drafts: int = 0
     status: Status = Status.WAITING
     finish_reason: str | None = None
     stop_reason: int | str | None = None

@@ -57,6 +57,17 @@ class _Group:
         return True
 
 
+def _verified(s) -> int:
+    """The drafts the policy sees a decode step of `s` verify: what it planned for the request (a
+    shortfall of the proposer counts as rejected positions), at least the drafts scheduled. Resets the
+    plan, which holds for one step."""
+    req = s.request
+    planned, req.planned_drafts = req.planned_drafts, 0
+    if s.num_new_tokens != 1 + s.num_draft_tokens:  # not a decode step (a prefill chunk after a preemption)
+        return s.num_draft_tokens
+    return max(planned, s.num_draft_tokens)
+
+
 class LLMEngine:
     """The engine core shared by the offline LLM class and the server."""
 
@@ -267,7 +278,7 @@ class LLMEngine:
             if i < num and sampling[i][0] is s:
                 n = counts[i] if counts is not None else 1
                 if observe is not None and s.request.status is not Status.FINISHED:
-                    observe(s.request.request_id, s.num_draft_tokens, n, len(s.request.output_token_ids))
+                    observe(s.request.request_id, _verified(s), n, len(s.request.output_token_ids))
                 commit(s, [PLACEHOLDER] * n, publish=False)
                 i += 1
             else:
@@ -292,7 +303,7 @@ class LLMEngine:
             else:
                 n_before = len(req.output_token_ids)
                 if observe is not None and sampled is not None:
-                    observe(rid, s.num_draft_tokens, len(sampled), n_before)
+                    observe(rid, _verified(s), len(sampled), n_before)
                 self.scheduler.commit(s, sampled)
                 new = req.output_token_ids[n_before:]
             if sampled is not None:
@@ -391,11 +402,11 @@ class LLMEngine:
         k = self.policy.plan(ids)
         if k == 0:
             for r in ready:
-                r.draft_limit = 0
+                r.draft_limit = r.planned_drafts = 0
             return 0
         cap = self.proposer.max_drafts_for
         for r in ready:
-            r.draft_limit = min(k, cap(r))
+            r.draft_limit = r.planned_drafts = min(k, cap(r))
         return k
 
     def _count_acceptance(self, req: Request, num_drafts: int, num_accepted: int) -> int:
