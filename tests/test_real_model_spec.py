@@ -61,7 +61,8 @@ def baseline(real, prompts):
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["ngram", "self"])
 def test_real_lossless_and_oracle(real, prompts, baseline, method):
-    spec = {"method": method, "num_speculative_tokens": 4, **({"prompt_lookup_max": 3} if method == "ngram" else {})}
+    spec = {"method": method, "num_speculative_tokens": 4, "adaptive": False,  # drafts every step
+            **({"prompt_lookup_max": 3} if method == "ngram" else {})}
     eng = build(real, spec, False, num_gpu_blocks=10, block_size=16, max_num_batched_tokens=48)
     assert generate(eng, prompts, GREEDY) == baseline
     m = eng.get_metrics()
@@ -111,7 +112,7 @@ def test_real_dflash_lossless(real, prompts, baseline, tmp_path):
     drafter = DFlashDrafter(cfg)
     drafter.init_weights(seed=1)
     save_drafter(drafter, tmp_path, torch.float32)
-    spec = {"method": "dflash", "model": str(tmp_path), "num_speculative_tokens": 15}
+    spec = {"method": "dflash", "model": str(tmp_path), "num_speculative_tokens": 15, "adaptive": False}
     eng = build(real, spec, False, num_gpu_blocks=12, block_size=16, max_num_batched_tokens=48)
     assert generate(eng, prompts, GREEDY) == baseline
     m = eng.get_metrics()
