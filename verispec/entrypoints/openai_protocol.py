@@ -53,7 +53,7 @@ class _Sampling(BaseModel):
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=100.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, Field(ge=-1)] | None = None
+    top_k: int | None = None  # checked by SamplingParams, as in Python (-1 and 0: off)
     min_p: Prob | None = None
     seed: Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)] | None = None
     n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
@@ -109,8 +109,6 @@ class _Sampling(BaseModel):
             value = getattr(self, name)
             if value is not None:
                 kw[name] = value
-        if kw.get("top_k") == 0:
-            kw["top_k"] = -1  # OpenAI-style clients send 0 for "off"
         try:
             return SamplingParams(**kw)
         except ValueError as e:
