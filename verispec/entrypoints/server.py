@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -20,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from verispec.core.version import __version__
+from verispec.entrypoints.args import SERVE_MAX_REQUEST_BYTES
 from verispec.entrypoints.async_engine import AsyncEngine
 from verispec.entrypoints.openai_protocol import (
     APIError,
@@ -32,7 +35,7 @@ from verispec.entrypoints.serving import OpenAIServing
 
 log = logging.getLogger("verispec.server")
 
-MAX_BODY_BYTES = 8 * 2**20
+MAX_BODY_BYTES = SERVE_MAX_REQUEST_BYTES  # `verispec serve --max-request-bytes`
 
 
 async def _send_error(send: Send, err: APIError) -> None:
@@ -235,6 +238,18 @@ def build_app(engine, served_model_name: str, api_key: str | None = None, max_qu
     return app
 
 
+def startup_summary(engine, served_model_name: str) -> str:
+    """The one start-up line: what runs (model, device, dtype, context, KV cache, speculation)."""
+    cfg = engine.config
+    spec = cfg.speculative_config
+    spec_text = "none" if spec is None else json.dumps(
+        {k: v for k, v in dataclasses.asdict(spec).items() if v is not None}, separators=(",", ":"))
+    kv = engine.blocks
+    return (f"model {served_model_name} ({cfg.model}), device {cfg.device}, dtype {cfg.dtype}, "
+            f"max_model_len {engine.max_model_len}, KV blocks {kv.num_blocks} x {kv.block_size} tokens, "
+            f"speculative_config {spec_text}")
+
+
 def main(args) -> int:
     """`verispec serve`: load the model, then serve until SIGINT/SIGTERM."""
     from verispec.entrypoints.args import engine_config_from_args
@@ -244,9 +259,16 @@ def main(args) -> int:
 
     from verispec.entrypoints.llm import LLM
 
+    if not log.handlers:  # uvicorn configures only its own loggers
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))  # uvicorn's look
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
     llm = LLM(**config.as_kwargs())
     name = args.served_model_name or config.model
-    app = build_app(llm.engine, name, api_key=args.api_key, max_queue=args.max_queue)
-    log.info("serving %s on http://%s:%d", name, args.host, args.port)
+    app = build_app(llm.engine, name, api_key=args.api_key, max_queue=args.max_queue,
+                    max_body_bytes=args.max_request_bytes)
+    log.info("verispec %s: %s; serving on http://%s:%d", __version__, startup_summary(llm.engine, name),
+             args.host, args.port)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=30)
     return 0
