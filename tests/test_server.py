@@ -198,7 +198,7 @@ def test_api_key(model):
 _C, _CH = "/v1/completions", "/v1/chat/completions"
 BAD = [
     (_C, b"{", 400, "not valid JSON"),
-    (_C, b"[]", 400, "valid dictionary"),
+    (_C, b"[]", 400, "should be an object"),
     (_C, b'{"prompt": 5}', 400, "prompt"),
     (_C, b'{"max_tokens": 3}', 400, "prompt: Field required"),
     (_C, b'{"prompt": "x", "max_tokens": -1}', 400, "max_tokens"),

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -100,10 +101,11 @@ class _Gate:
             if not msg.get("more_body", False):
                 break
         body = b"".join(chunks)
-        try:
-            body.decode("utf-8")
-        except UnicodeDecodeError as e:
-            return b"", APIError(400, f"Request body is not valid UTF-8 (byte {e.start}).")
+        if not body.isascii():  # isascii: a fast scan, where decoding a large body would hold the GIL longer
+            try:
+                body.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return b"", APIError(400, f"Request body is not valid UTF-8 (byte {e.start}).")
         return body, None
 
 
@@ -158,9 +160,11 @@ def build_app(engine, served_model_name: str, api_key: str | None = None, max_qu
             yield
         finally:
             await asyncio.to_thread(aengine.stop)
+            await asyncio.to_thread(serving.close)
 
     app = FastAPI(title="verispec", version=__version__, lifespan=lifespan)
     app.state.aengine, app.state.serving, app.state.metrics = aengine, serving, metrics
+    app.state.max_body_bytes = max_body_bytes
     app.add_middleware(_Gate, api_key=api_key, max_body=max_body_bytes, on_error=metrics.observe_error)
 
     def error_response(err: APIError) -> JSONResponse:
@@ -199,15 +203,33 @@ def build_app(engine, served_model_name: str, api_key: str | None = None, max_qu
             return Response(status_code=499)  # the client is gone; nobody reads this
         return JSONResponse(body)
 
+    # The routes parse their bodies themselves (serving.parse): a large one off the event loop.
     @app.post("/v1/completions", response_model=None)
-    async def completions(req: CompletionRequest, request: Request) -> Response:
+    async def completions(request: Request) -> Response:
         """OpenAI completions (streamed as SSE with "stream": true)."""
-        return await run(req, request)
+        return await run(await serving.parse(CompletionRequest, await request.body()), request)
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
+    async def chat_completions(request: Request) -> Response:
         """OpenAI chat completions (streamed as SSE with "stream": true)."""
-        return await run(req, request)
+        return await run(await serving.parse(ChatCompletionRequest, await request.body()), request)
+
+    def openapi() -> dict:
+        """FastAPI's schema plus the request bodies the routes parse themselves."""
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for path, model in (("/v1/completions", CompletionRequest), ("/v1/chat/completions", ChatCompletionRequest)):
+                body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(body.pop("$defs", {}))
+                components[model.__name__] = body
+                ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+                schema["paths"][path]["post"]["requestBody"] = {"required": True,
+                                                                "content": {"application/json": {"schema": ref}}}
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     def model_card() -> dict:
         return {"id": served_model_name, "object": "model", "created": created, "owned_by": "verispec",
