@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import json
 import time
 import uuid
@@ -19,6 +20,14 @@ from verispec.entrypoints.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     validation_message,
+)
+from verispec.entrypoints.tool_calls import (
+    ToolCallStream,
+    ToolPlan,
+    parse_tool_calls,
+    plan_tools,
+    template_messages,
+    tool_structured_outputs,
 )
 from verispec.outputs import CompletionOutput, RequestOutput
 
@@ -46,7 +55,7 @@ def _validate(model: type[RequestT], body: bytes) -> RequestT:
 def _request_chars(req: CompletionRequest | ChatCompletionRequest, chat: bool) -> int:
     """The text a request brings: what its chat template rendering or tokenization costs grows with it."""
     if chat:
-        return sum(len(m.content) if isinstance(m.content, str) else sum(len(p.text) for p in m.content)
+        return sum(len(m.content) if isinstance(m.content, str) else sum(len(p.text) for p in m.content or ())
                    for m in req.messages)
     p = req.prompt
     return len(p) if isinstance(p, str) else sum(len(x) for x in p) if p and isinstance(p[0], str) else 0
@@ -82,6 +91,7 @@ class Prepared:
     prompt: str | None
     prompt_token_ids: list[int]
     chat: bool
+    tools: ToolPlan = ToolPlan()  # chat: what tool_choice asks (no tools by default)
 
 
 class OpenAIServing:
@@ -116,15 +126,19 @@ class OpenAIServing:
             param="messages" if chat else "prompt",
         )
 
-    def _render_and_encode(self, req: CompletionRequest | ChatCompletionRequest, chat: bool) -> tuple[str | None, list[int]]:
-        """The prompt text (None for token ids) and its ids: the chat template rendered, the text tokenized.
-        A prompt that cannot fit the context is refused before it is tokenized. Raises APIError."""
+    def _render_and_encode(self, req: CompletionRequest | ChatCompletionRequest, chat: bool,
+                           tools: ToolPlan) -> tuple[str | None, list[int]]:
+        """The prompt text (None for token ids) and its ids: the chat template rendered (with the tools, and
+        the assistant prefix tool_choice asks for), the text tokenized. A prompt that cannot fit the context
+        is refused before it is tokenized. Raises APIError."""
         if chat:
-            messages = [m.to_template() for m in req.messages]
+            messages = template_messages(req)
             try:
-                prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt)
+                prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt,
+                                                            tools=tools.tools)
             except (ValueError, TypeError) as e:  # a conversation the template cannot render
                 raise APIError(400, str(e), param="messages") from None
+            prompt += tools.assistant_prefix
         else:
             p = req.prompt
             if isinstance(p, list) and p and isinstance(p[0], str):
@@ -149,11 +163,12 @@ class OpenAIServing:
                 raise APIError(400, "echo is not supported", param="echo")
             if isinstance(req.prompt, list) and req.prompt and isinstance(req.prompt[0], str) and len(req.prompt) != 1:
                 raise APIError(400, "prompt: only one prompt per request is supported", param="prompt")
+        tools = plan_tools(req) if chat else ToolPlan()
         if _request_chars(req, chat) <= _INLINE_PREP_CHARS:
-            prompt, ids = self._render_and_encode(req, chat)
+            prompt, ids = self._render_and_encode(req, chat, tools)
         else:
             loop = asyncio.get_running_loop()
-            prompt, ids = await loop.run_in_executor(self._prep_pool, self._render_and_encode, req, chat)
+            prompt, ids = await loop.run_in_executor(self._prep_pool, self._render_and_encode, req, chat, tools)
         if not ids:
             raise APIError(400, "prompt is empty: at least one token is needed", param="messages" if chat else "prompt")
         if len(ids) >= self.engine.max_model_len:
@@ -162,7 +177,7 @@ class OpenAIServing:
             raise APIError(503, f"The server is overloaded ({self.aengine.num_waiting()} requests waiting); "
                            "retry later.", type="server_error", code="server_overloaded")
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        return Prepared(rid, prompt, ids, chat)
+        return Prepared(rid, prompt, ids, chat, tools)
 
     def close(self) -> None:
         """Stop the prep thread (requests still being prepared finish first)."""
@@ -172,6 +187,9 @@ class OpenAIServing:
         """Queue the request in the engine; ValueError from the engine becomes a 400."""
         params = req.to_sampling_params(len(prep.prompt_token_ids), self.engine.max_model_len,
                                         None if prep.chat else 16)
+        constraint = tool_structured_outputs(prep.tools)  # None until structured outputs are merged
+        if constraint is not None:
+            params = dataclasses.replace(params, structured_outputs=constraint)
         try:
             return await self.aengine.add(prep.request_id, prep.prompt, params, prep.prompt_token_ids)
         except ValueError as e:
@@ -217,11 +235,18 @@ class OpenAIServing:
         n_in = len(out.prompt_token_ids)
         return {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
 
-    def _choice(self, req, c: CompletionOutput, chat: bool) -> dict:
-        if chat:
-            return {"index": c.index, "message": {"role": "assistant", "content": c.text},
+    def _choice(self, req, c: CompletionOutput, prep: Prepared) -> dict:
+        if prep.chat:
+            message: dict = {"role": "assistant", "content": c.text}
+            finish = c.finish_reason
+            if prep.tools.parses_calls:
+                message["content"], calls = parse_tool_calls(prep.tools, c.text)
+                if calls:
+                    message["tool_calls"] = calls
+                    finish = "tool_calls" if finish == "stop" else finish
+            return {"index": c.index, "message": message,
                     "logprobs": self.chat_logprobs(c, 0, req.top_logprobs or 0),
-                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+                    "finish_reason": finish, "stop_reason": c.stop_reason}
         return {"index": c.index, "text": c.text, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
                 "logprobs": self.completion_logprobs(c, 0, 0, bool(req.logprobs))}
 
@@ -239,7 +264,7 @@ class OpenAIServing:
         return {
             "id": prep.request_id, "object": "chat.completion" if prep.chat else "text_completion",
             "created": int(time.time()), "model": self.model_name,
-            "choices": [self._choice(req, c, prep.chat) for c in final.outputs],
+            "choices": [self._choice(req, c, prep) for c in final.outputs],
             "usage": self.usage(final),
         }
 
@@ -251,6 +276,7 @@ class OpenAIServing:
         sent_text: dict[int, int] = {}
         sent_tok: dict[int, int] = {}
         done: set[int] = set()
+        tool_streams: dict[int, ToolCallStream] = {}
         stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         final = None
         try:
@@ -268,19 +294,29 @@ class OpenAIServing:
                     if c.finish_reason is None and stops:
                         end -= held_back(c.text, stops)
                     delta = c.text[t0:end] if end > t0 else ""
-                    if not delta and c.finish_reason is None:
+                    finish, new_calls = c.finish_reason, []
+                    if prep.tools.parses_calls:  # content and tool calls parsed out of the text so far
+                        stream = tool_streams.setdefault(c.index, ToolCallStream(prep.tools))
+                        delta, new_calls = stream.update(c.text[:max(end, t0)], final=finish is not None)
+                        if stream.calls and finish == "stop":
+                            finish = "tool_calls"
+                    if not delta and not new_calls and finish is None:
                         continue  # nothing new that is safe to send
                     sent_text[c.index], sent_tok[c.index] = max(end, t0), len(c.token_ids)
-                    if c.finish_reason is not None:
+                    if finish is not None:
                         done.add(c.index)
                     if chat:
                         choice = {"index": c.index, "delta": {"content": delta} if delta else {},
                                   "logprobs": self.chat_logprobs(c, k0, req.top_logprobs or 0)}
+                        if new_calls:
+                            first = len(tool_streams[c.index].calls) - len(new_calls)
+                            choice["delta"]["tool_calls"] = [{"index": first + k, **call}
+                                                             for k, call in enumerate(new_calls)]
                     else:
                         choice = {"index": c.index, "text": delta,
                                   "logprobs": self.completion_logprobs(c, k0, t0, bool(req.logprobs))}
-                    choice["finish_reason"] = c.finish_reason
-                    if c.finish_reason is not None:
+                    choice["finish_reason"] = finish
+                    if finish is not None:
                         choice["stop_reason"] = c.stop_reason
                     yield sse({**base, "choices": [choice]})
             if final is not None and req.include_usage():
