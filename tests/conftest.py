@@ -32,6 +32,16 @@ def qwen05_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def qwen05_local() -> Path:
+    """The real 0.5B if it is already on this machine (no download); the test is skipped otherwise."""
+    from verispec.loader.registry import models_dir, resolve_model, stage_cache_dir
+
+    if not any((d / f"{QWEN05}.gguf").is_file() for d in (models_dir(), stage_cache_dir())):
+        pytest.skip(f"{QWEN05} is not local (verispec pull {QWEN05})")
+    return resolve_model(QWEN05, progress=False)
+
+
+@pytest.fixture(scope="session")
 def qwen15_path() -> Path:
     from verispec.loader.registry import resolve_model
 

@@ -4,6 +4,7 @@ flags are made from the same fields, with help and defaults, and bad values end 
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import subprocess
@@ -195,6 +196,31 @@ def test_help_lists_every_config_flag_with_its_default(command):
         assert flag in res.stdout  # the contract's flags, on every command
 
 
+def _every_option(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    """(command, parser, action) of every option of every (sub)command."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _every_option(sub, (*path, name))
+        elif not isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+            yield " ".join(path), parser, action
+
+
+def test_every_option_of_every_command_has_help_and_shows_its_default():
+    from verispec.entrypoints.cli import build_parser
+
+    seen = 0
+    for command, parser, action in _every_option(build_parser()):
+        if action.dest in ("command", "bench_kind"):
+            continue
+        seen += 1
+        where = f"verispec {command} {'/'.join(action.option_strings) or action.dest}"
+        assert action.help, f"{where} has no help text"
+        assert "%(default)" in parser.formatter_class(prog="x")._get_help_string(action) \
+            or not action.option_strings, f"{where}: --help does not show its default"
+    assert seen > 100
+
+
 def test_version():
     import verispec
 
@@ -205,6 +231,12 @@ def test_version():
 @pytest.mark.parametrize("argv, word", [
     (("generate", "--temperature", "-1"), "temperature"),
     (("serve", "--port", "99999"), "port"),
+    (("serve", "--port", "0"), "port must be in [1, 65535]"),
+    (("serve", "--port", "http"), "port"),
+    (("serve", "--max-request-bytes", "0"), "max-request-bytes"),
+    (("serve", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 99}'), "num_speculative_tokens"),
+    (("generate", "--top-p", "0"), "top_p"),
+    (("generate", "--max-tokens", "-3"), "max_tokens"),
     (("generate", "--speculative-config", "{not json"), "speculative-config"),
     (("serve", "--speculative-config", '{"method": "magic"}'), "method"),
     (("generate", "--max-num-seqs", "0"), "max_num_seqs"),

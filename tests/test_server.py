@@ -198,7 +198,7 @@ def test_api_key(model):
 _C, _CH = "/v1/completions", "/v1/chat/completions"
 BAD = [
     (_C, b"{", 400, "not valid JSON"),
-    (_C, b"[]", 400, "valid dictionary"),
+    (_C, b"[]", 400, "should be an object"),
     (_C, b'{"prompt": 5}', 400, "prompt"),
     (_C, b'{"max_tokens": 3}', 400, "prompt: Field required"),
     (_C, b'{"prompt": "x", "max_tokens": -1}', 400, "max_tokens"),
@@ -243,6 +243,22 @@ def test_bad_input(http, path, body, status, needle, stream):
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"}
     assert needle in err["message"], err
+
+
+@pytest.mark.parametrize("top_k", [0, -1, 1, 5, -2, -7, 1.5])
+def test_top_k_validated_as_in_python(http, top_k):
+    """HTTP and Python agree on top_k: what SamplingParams accepts is a 200, what it refuses a 400 naming
+    top_k (vLLM: 0 and -1 both mean off)."""
+    try:
+        SamplingParams(top_k=top_k)
+        python_ok = True
+    except ValueError:
+        python_ok = False
+    r = http.post(_C, json={"prompt": "x", "max_tokens": 1, "top_k": top_k})
+    assert r.status_code == (200 if python_ok else 400), r.text
+    if not python_ok:
+        assert "top_k" in r.json()["error"]["message"] and r.json()["error"]["param"] == "top_k"
+    assert python_ok == (top_k in (0, -1, 1, 5))
 
 
 def test_body_too_large(http):

@@ -154,11 +154,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `verispec bench serve`."""
     p.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL")
     p.add_argument("--model", default=None, help="model name (default: the server's first)")
-    p.add_argument("--concurrency", type=int, default=8)
-    p.add_argument("--num-requests", type=int, default=64)
-    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--concurrency", type=int, default=8, help="clients streaming at once")
+    p.add_argument("--num-requests", type=int, default=64, help="requests in all")
+    p.add_argument("--max-tokens", type=int, default=128, help="tokens per request (ignore_eos)")
     p.add_argument("--prompt-file", default=None, help="one prompt per line (default: built-in prompts)")
-    p.add_argument("--api-key", default=None)
+    p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
     p.add_argument("--json", default=None, help="write the numbers to this file")
 
 

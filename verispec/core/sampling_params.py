@@ -42,8 +42,14 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        for name in ("stop", "stop_token_ids"):  # a scalar is a ValueError naming the field, not a TypeError
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (list, tuple)):
+                raise ValueError(f"SamplingParams.{name} must be a list (or None), got {value!r}")
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k == 0 and not isinstance(self.top_k, bool):
+            self.top_k = -1  # vLLM: 0 and -1 both mean "all tokens"; -1 is how verispec stores it
         self.validate()
 
     def validate(self) -> None:
@@ -65,7 +71,7 @@ class SamplingParams:
         if not is_num(self.top_p) or not (0.0 < self.top_p <= 1.0):
             bad("top_p", "must be in (0, 1]")
         if not is_int(self.top_k) or (self.top_k < 1 and self.top_k != -1):
-            bad("top_k", "must be -1 (off) or an integer >= 1")
+            bad("top_k", "must be -1 or 0 (off) or an integer >= 1")
         if not is_num(self.min_p) or not (0.0 <= self.min_p <= 1.0):
             bad("min_p", "must be in [0, 1]")
         if self.seed is not None and not is_int(self.seed):

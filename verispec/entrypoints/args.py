@@ -22,6 +22,9 @@ GENERATE_TEMPERATURE = 0.0
 SERVE_HOST = "127.0.0.1"
 SERVE_PORT = 8000
 SERVE_MAX_QUEUE = 1024
+# Largest request body `verispec serve` reads (413 above it): room for a prompt that fills a 128K-token context
+# (about 4 bytes a token), far below what would hurt the server; vLLM sets no limit of its own.
+SERVE_MAX_REQUEST_BYTES = 8 * 2**20
 
 
 class Parser(argparse.ArgumentParser):
@@ -136,13 +139,13 @@ def sampling_params_from_args(args: argparse.Namespace) -> SamplingParams:
 
 
 def port(text: str) -> int:
-    """A TCP port number, 0 (any free port) .. 65535."""
+    """A TCP port number, 1 .. 65535."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be in [0, 65535], got {value}")
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be in [1, 65535], got {value}")
     return value
 
 
@@ -165,5 +168,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
     parser.add_argument("--max-queue", type=positive_int, default=SERVE_MAX_QUEUE,
                         help="waiting requests before new ones get a 503")
-    parser.add_argument("--served-model-name", default=None, help="the model's name in the API (default: MODEL)")
+    parser.add_argument("--max-request-bytes", type=positive_int, default=SERVE_MAX_REQUEST_BYTES,
+                        help="largest request body in bytes; a larger one gets a 413")
+    parser.add_argument("--served-model-name", default=None, help="the model's name in the API (None: MODEL)")
     add_engine_args(parser, "serve")

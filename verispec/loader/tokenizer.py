@@ -41,7 +41,10 @@ _SPLITS: dict[str, tuple[str, bool]] = {  # pre name -> (regex, ignore_merges)
     "gpt-2": (_GPT2_SPLIT, False),
     "default": (_GPT2_SPLIT, False),
 }
-_CONTROL, _USER_DEFINED = 3, 4
+_NORMAL, _CONTROL, _USER_DEFINED, _BYTE = 1, 3, 4, 6
+# Texts at least this long are encoded with the GIL released (tokenizers' encode_batch): a long prompt must not
+# freeze the other threads (the server's event loop, the engine) while it is tokenized.
+_RELEASE_GIL_CHARS = 4096
 # Texts llama.cpp also treats as end of generation when they are in the vocabulary.
 _END_OF_TURN_TEXTS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>")
 _ROLES = ("system", "user", "assistant", "tool")
@@ -59,8 +62,12 @@ class Tokenizer:
         pad_token_id: int | None = None,
         extra_eos_token_ids: Sequence[int] = (),
         chat_template: str | None = None,
+        max_token_bytes: int | None = None,
     ) -> None:
+        """max_token_bytes: the most bytes of text one token stands for, when every token stands for its own
+        bytes of the text (a byte-level vocabulary without a normalizer); None when that does not hold."""
         self._tok = backend
+        self.max_token_bytes = max_token_bytes
         self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
         self.bos_token_id, self.eos_token_id, self.pad_token_id = bos_token_id, eos_token_id, pad_token_id
         self.chat_template = chat_template
@@ -139,6 +146,9 @@ class Tokenizer:
             eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
             pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
             chat_template=meta.get("tokenizer.chat_template"),
+            # A byte-level spelling has one character per byte; added tokens match their UTF-8 text whole.
+            max_token_bytes=max(len(t) if ty in (_NORMAL, _BYTE) else len(t.encode("utf-8"))
+                                for t, ty in zip(tokens, types, strict=True)),
         )
 
     @classmethod
@@ -178,7 +188,16 @@ class Tokenizer:
         """Token ids of ``text``; special tokens written in the text are kept whole."""
         if not isinstance(text, str):
             raise TypeError(f"encode expects a str, got {type(text).__name__}")
+        if len(text) >= _RELEASE_GIL_CHARS:  # same ids; encode_batch lets other threads run meanwhile
+            return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def min_num_tokens(self, text: str) -> int:
+        """A lower bound on len(encode(text)), found without encoding it: each token stands for at most
+        max_token_bytes bytes of the text (0 when the vocabulary gives no such bound)."""
+        if not self.max_token_bytes:
+            return 0
+        return -(-len(text.encode("utf-8", errors="surrogatepass")) // self.max_token_bytes)
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[list[int]]:
         """encode() of many texts at once (in parallel threads)."""

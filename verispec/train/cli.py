@@ -3,11 +3,42 @@ and runs the training pipeline (train/loop.py)."""
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 
 from verispec.config import EngineConfig
 from verispec.train.options import TrainOptions
 from verispec.train.prompts import STYLES
+
+# (flag, type, help) of the numeric TrainOptions.
+_NUMERIC_FLAGS: list[tuple[str, type, str]] = [
+    ("minutes", float, "wall-clock budget of the whole run (generation + training)"),
+    ("num-prompts", int, "prompts to mine from the prompt sources"),
+    ("max-new-tokens", int, "tokens the target generates per response"),
+    ("block-size", int, "the drafter's block: tokens drafted per step"),
+    ("layers", int, "drafter transformer layers"),
+    ("seed", int, "seed of prompt mining, sampling, the split and training"),
+    ("gen-fraction", float, "fraction of --minutes spent generating responses with the target"),
+    ("target-layers", int, "how many of the target's layers the drafter reads hidden states from"),
+    ("batch-seqs", int, "sequences per training batch"),
+    ("anchors", int, "blocks (anchor positions in the response) sampled per training sequence"),
+    ("lr", float, "peak learning rate"),
+    ("ckpt-every", int, "training steps between checkpoints"),
+    ("max-steps", int, "stop after this many training steps (None: when the time budget ends)"),
+    ("temperature", float, "sampling temperature of each prompt's first response (0: greedy)"),
+    ("max-num-seqs", int, "the target engine's max_num_seqs while generating"),
+    ("max-prompt-tokens", int, "prompts longer than this are skipped"),
+    ("warmup", int, "learning-rate warm-up steps"),
+    ("val-fraction", float, "fraction of prompts held out for validation"),
+    ("max-val-prompts", int, "most validation prompts"),
+    ("max-feature-gb", float, "most memory the target's stored features may take"),
+    ("feature-batch-tokens", int, "tokens per target forward while extracting features"),
+    ("responses-per-prompt", int, "responses generated per prompt (the extra ones at --extra-temperature)"),
+    ("extra-temperature", float, "sampling temperature of the extra responses"),
+    ("refill-below", float, "add generation jobs when at most this fraction of max_num_seqs runs"),
+    ("max-stub-chars", int, "longest mined function stub, in characters"),
+    ("log-every", int, "training steps between log lines"),
+]
 
 
 def _default(name: str):
@@ -16,23 +47,19 @@ def _default(name: str):
 
 def add_train_parser(sub) -> None:
     """Register `verispec train-drafter` on the CLI's subparsers."""
-    s = sub.add_parser("train-drafter", help="train a DFlash drafter for a target model")
+    s = sub.add_parser("train-drafter", help="train a DFlash drafter for a target model",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     s.add_argument("--target", required=True, help="registry name or path of the target model")
     s.add_argument("--out", required=True, help="directory for model.safetensors, config.json, train_log.json")
-    for name, typ in [("minutes", float), ("num-prompts", int), ("max-new-tokens", int), ("block-size", int),
-                      ("layers", int), ("seed", int), ("gen-fraction", float), ("target-layers", int),
-                      ("batch-seqs", int), ("anchors", int), ("lr", float), ("ckpt-every", int),
-                      ("max-steps", int), ("temperature", float), ("max-num-seqs", int), ("max-prompt-tokens", int),
-                      ("warmup", int), ("val-fraction", float), ("max-val-prompts", int), ("max-feature-gb", float),
-                      ("feature-batch-tokens", int), ("responses-per-prompt", int), ("extra-temperature", float),
-                      ("refill-below", float), ("max-stub-chars", int), ("log-every", int)]:
-        s.add_argument(f"--{name}", type=typ, default=_default(name.replace("-", "_")))
+    for name, typ, text in _NUMERIC_FLAGS:
+        s.add_argument(f"--{name}", type=typ, default=_default(name.replace("-", "_")), help=text)
     s.add_argument("--prompt-sources", default=_default("prompt_sources"),
                    help="comma-separated: stdlib and/or installed packages by import name (numpy,scipy,...)")
     s.add_argument("--prompt-styles", default=_default("prompt_styles"),
                    help=f"comma-separated, cycled over the prompts ({', '.join(STYLES)}; repeat one to weight it)")
-    s.add_argument("--device", default=_default("device"))
-    s.add_argument("--save-dtype", default=_default("save_dtype"), choices=["bfloat16", "float32"])
+    s.add_argument("--device", default=_default("device"), help="cpu, cuda, cuda:N or auto (the target's engine)")
+    s.add_argument("--save-dtype", default=_default("save_dtype"), choices=["bfloat16", "float32"],
+                   help="dtype of the saved drafter weights")
     s.add_argument("--sequences", default=None, help="JSONL of (prompt, response) ids from an earlier run")
     s.add_argument("--generate-only", action="store_true", help="stop after writing OUT/sequences.jsonl")
     s.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt")
