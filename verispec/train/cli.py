@@ -25,18 +25,33 @@ def add_train_parser(sub) -> None:
                       ("max-steps", int), ("temperature", float), ("max-num-seqs", int), ("max-prompt-tokens", int),
                       ("warmup", int), ("val-fraction", float), ("max-val-prompts", int), ("max-feature-gb", float),
                       ("feature-batch-tokens", int), ("responses-per-prompt", int), ("extra-temperature", float),
-                      ("refill-below", float), ("max-stub-chars", int), ("log-every", int)]:
+                      ("refill-below", float), ("max-stub-chars", int), ("log-every", int),
+                      ("magpie-share", float), ("magpie-fraction", float), ("magpie-temperature", float),
+                      ("magpie-top-p", float), ("magpie-max-tokens", int), ("multi-turn", float),
+                      ("stop-after-steps", int), ("stop-after-minutes", float), ("state-shard-mib", float)]:
         s.add_argument(f"--{name}", type=typ, default=_default(name.replace("-", "_")))
     s.add_argument("--prompt-sources", default=_default("prompt_sources"),
-                   help="comma-separated: stdlib and/or installed packages by import name (numpy,scipy,...)")
+                   help="comma-separated: magpie (user requests the target writes itself, train/magpie.py), "
+                        "stdlib and/or installed packages by import name (numpy,scipy,...: docstring stubs); "
+                        "with magpie and stub sources, --magpie-share of --num-prompts are Magpie requests")
+    s.add_argument("--exclude-prompts", default="",
+                   help="comma-separated prompt files (JSONL 'prompt' or lines) kept out of the Magpie requests, "
+                        "beside prompts/heldout_requests.jsonl and HumanEval")
+    s.add_argument("--magpie-keep-incomplete", action="store_true",
+                   help="keep user turns cut at --magpie-max-tokens (tests with random weights)")
+    s.add_argument("--state-dtype", default=_default("state_dtype"), choices=["float32", "bfloat16"],
+                   help="AdamW moments in OUT/train_state (float32: exact resume; weights are float32 always)")
     s.add_argument("--prompt-styles", default=_default("prompt_styles"),
                    help=f"comma-separated, cycled over the prompts ({', '.join(STYLES)}; repeat one to weight it)")
     s.add_argument("--device", default=_default("device"))
     s.add_argument("--save-dtype", default=_default("save_dtype"), choices=["bfloat16", "float32"])
     s.add_argument("--sequences", default=None, help="JSONL of (prompt, response) ids from an earlier run")
     s.add_argument("--generate-only", action="store_true", help="stop after writing OUT/sequences.jsonl")
-    s.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt")
-    s.add_argument("--save-state", action="store_true", help="write OUT/train_state.pt (for --resume; large)")
+    s.add_argument("--resume", action="store_true",
+                   help="continue from OUT/train_state (and OUT/sequences.jsonl when --sequences is not given)")
+    s.add_argument("--save-state", action="store_true",
+                   help="write OUT/train_state/ (for --resume) at every checkpoint and at the end, in shards of "
+                        "--state-shard-mib MiB")
     s.set_defaults(func=cmd_train_drafter)
 
 

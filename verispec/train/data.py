@@ -56,6 +56,9 @@ class GenJob:
     group: int
     temperature: float
     seed: int | None
+    top_p: float = 1.0
+    max_tokens: int | None = None  # None: generate()'s max_new_tokens
+    stop_token_ids: tuple[int, ...] = ()
 
 
 def humaneval_entry_points() -> set[str]:
@@ -124,7 +127,7 @@ def generate(engine, jobs: list[GenJob], max_new_tokens: int, deadline: float, r
     while True:
         if len(running) <= low:
             while nxt < len(jobs) and len(running) < cap:
-                bound = len(jobs[nxt].prompt) + max_new_tokens
+                bound = len(jobs[nxt].prompt) + (jobs[nxt].max_tokens or max_new_tokens)
                 if max_total_tokens is not None and used + sum(running.values()) + bound > max_total_tokens:
                     nxt = len(jobs)  # the feature memory is spoken for: no more jobs
                     break
@@ -154,7 +157,9 @@ def resolved(ids: list[int]) -> list[int]:
 
 
 def _add_job(engine, i: int, job: GenJob, max_new_tokens: int) -> None:
-    params = SamplingParams(temperature=job.temperature, max_tokens=max_new_tokens, seed=job.seed)
+    params = SamplingParams(temperature=job.temperature, top_p=job.top_p if job.temperature > 0 else 1.0,
+                            max_tokens=job.max_tokens or max_new_tokens, seed=job.seed,
+                            stop_token_ids=list(job.stop_token_ids))
     engine.add_request(f"gen{i}", None, params, job.prompt)
 
 
