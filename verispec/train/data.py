@@ -11,6 +11,7 @@ Features live in one device tensor; sequences past the memory budget are dropped
 
 from __future__ import annotations
 
+import ast
 import json
 import time
 import zlib
@@ -71,15 +72,24 @@ def mine_stdlib_functions(limit: int, seed: int = 0, max_chars: int = 1500) -> l
     return [s.text for s in mine_functions(["stdlib"], limit, seed, max_chars)]
 
 
-def render_prompts(tokenizer, stubs: list[str]) -> list[str]:
-    """Chat prompts asking to complete each stub (the "chat" style; scripts render HumanEval so)."""
-    return [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": f"{INSTRUCTIONS[i % len(INSTRUCTIONS)]}\n\n```python\n{s}\n```"}],
-            add_generation_prompt=True,
-        )
-        for i, s in enumerate(stubs)
-    ]
+def is_code_stub(text: str) -> bool:
+    """Whether `text` is Python code that defines a function or class (a HumanEval-style stub), not a request."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return False
+    return any(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) for n in ast.walk(tree))
+
+
+def render_prompts(tokenizer, texts: list[str]) -> list[str]:
+    """Chat prompts: a code stub is asked to be completed (the "chat" style, "Complete this function: ```python
+    ...```"; scripts and `bench spec --chat` render HumanEval so); any other text (a natural-language
+    request) is sent as the user message itself."""
+    out = []
+    for i, s in enumerate(texts):
+        content = f"{INSTRUCTIONS[i % len(INSTRUCTIONS)]}\n\n```python\n{s}\n```" if is_code_stub(s) else s
+        out.append(tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True))
+    return out
 
 
 def pick_mask_token(tokenizer, vocab_size: int) -> int:

@@ -44,6 +44,10 @@ NGRAM = 5  # word n-grams for near-duplicate tests
 HELDOUT_OVERLAP = 0.5  # a request sharing this fraction of its (or a held-out text's) n-grams is held out
 DUP_OVERLAP = 0.7  # near-duplicate of an already kept request (n-gram Jaccard)
 REPO = Path(__file__).resolve().parents[2]
+# A turn that opens like code, markup or an assistant's answer is the model writing something else.
+NOT_A_REQUEST = re.compile(
+    r"^\s*(#include|#!|import\s|from\s+\S+\s+import|def\s|class\s|public\s|package\s|using\s|<[?!/a-z]|[{}\[\]]|"
+    r"//|/\*|```|sure\b|certainly\b|of course\b|i'?m sorry|i am sorry|as an ai\b|here is\b|here'?s\b)", re.I)
 
 
 @dataclass(frozen=True)
@@ -167,12 +171,20 @@ class FilterStats:
     """Why candidates were dropped (counts)."""
 
     incomplete: int = 0
+    not_request: int = 0
     short: int = 0
     long: int = 0
     duplicate: int = 0
     heldout: int = 0
     opening: int = 0
     kept: int = 0
+
+
+def looks_like_request(text: str) -> bool:
+    """Whether a turn reads as a user's request: it does not open like code, markup or an assistant's
+    answer, and it has at least 16 characters of prose outside code fences."""
+    prose = re.sub(r"```.*?(```|$)", " ", text, flags=re.S)
+    return not NOT_A_REQUEST.match(text) and len(re.sub(r"\s+", " ", prose).strip()) >= 16
 
 
 def clean(text: str) -> str:
@@ -199,6 +211,8 @@ class RequestFilter:
         norm = normalize(text)
         if not complete:
             st.incomplete += 1
+        elif not looks_like_request(text):
+            st.not_request += 1
         elif len(text) < self.min_chars or len(norm.split()) < 4:
             st.short += 1
         elif len(text) > self.max_chars:
