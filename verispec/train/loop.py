@@ -1,11 +1,15 @@
 """The DFlash training pipeline behind `verispec train-drafter` (train/cli.py): a drafter for a target model,
 from nothing but the target.
 
-1. Data (train/prompts.py, train/data.py): function stubs mined from the stdlib and
-   --prompt-sources packages, rendered in --prompt-styles; the target answers each through verispec
-   (response 0 greedy by default, --responses-per-prompt - 1 extra sampled ones); generation stops
-   at its deadline or once the features would exceed --max-feature-gb; one teacher-forced target
-   forward per sequence captures the drafter's target layers. Held-out data is split by prompt.
+1. Data (train/magpie.py, train/prompts.py, train/data.py). --prompt-sources "magpie" has the instruct
+   target write user requests itself (its chat template's user-turn prefix, sampled to the end of the
+   turn; filtered against the held-out sets and near duplicates; --multi-turn of them get a second user
+   turn); stdlib and package names mine docstring stubs, rendered in --prompt-styles. With both,
+   --magpie-share of --num-prompts are Magpie requests. The target answers each through verispec
+   (response 0 at --temperature, greedy by default; --responses-per-prompt - 1 extra sampled ones);
+   generation stops at its deadline or once the features would exceed --max-feature-gb; one teacher-
+   forced target forward per sequence captures the drafter's target layers. Held-out data is split by
+   prompt (a conversation's turns stay together).
 2. Training: random anchors inside each response; block = [token at anchor, MASK x (B-1)] at
    positions anchor .. anchor+B-1, context = features of positions < anchor; several blocks per
    sequence, kept apart by the mask; cross-entropy weighted exp(-(j-1)/gamma) at block position j;
@@ -13,9 +17,28 @@ from nothing but the target.
    train/objective.py; held-out evaluation: train/evaluate.py).
 The time budget (--minutes) covers everything after the target is loaded (mining included);
 generation gets at most --gen-fraction of it; the learning rate follows a cosine over the time left
-for training. Runs can
-be split: --generate-only writes OUT/sequences.jsonl; --sequences FILE skips generation; --resume
-continues from OUT/train_state.pt (float32 weights + optimizer state).
+for training (over the steps with --max-steps).
+
+Runs can be split, also across machines: --generate-only writes OUT/sequences.jsonl; --sequences FILE
+(.jsonl or .jsonl.gz) skips generation; --save-state writes OUT/train_state/ (train/state.py: shards
+of --state-shard-mib MiB, 15 by default so each file fits a 16 MiB transfer); --stop-after-minutes /
+--stop-after-steps end an invocation early; --resume continues from OUT/train_state and reuses
+OUT/sequences.jsonl. The resumed run spends what is left of --minutes (the time used is saved) and
+re-extracts the features (deterministic); with --max-steps and float32 state it ends with exactly the
+weights of an uninterrupted run (the batches' generator, AdamW's moments and the step-based schedule
+are restored). Without --max-steps the cosine follows wall time, so a resumed run is close, not equal.
+
+Default run on one H200 (`verispec train-drafter --target qwen2.5-coder-1.5b-instruct --out DIR`,
+15 minutes after the target loads), estimated from session 3's measured rates (verispec generated 27k
+tok/s, features 62k tok/s, 19 training steps/s; docs/BENCHMARKS.md): generation <= 360 s (0.4): Magpie
+first turns, 12,000 candidates <= 160 tokens for 8,000 requests (~40 s; at most 25% of it), 2,000
+stdlib stubs, 10,000 first responses <= 256 tokens (~100 s), ~2,000 second turns and their responses,
+then sampled extras until the 60 GiB feature cap (~4.2M tokens at 5 layers x 1536 x bf16; ~13k
+sequences) stops it, likely near 250 s; features ~70 s; training the rest, ~550 s (~10k steps at
+batch 32 x 16 anchors); evaluation and saving <= 30 s. Files: sequences.jsonl ~30 MB (gzip ~12 MB),
+model.safetensors 211 MB (bf16), train_state/ 1.26 GB (float32; 0.84 GB with --state-dtype bfloat16).
+The GPU commands (the 15 minutes split over two <= 10-minute calls, then the held-out measurement):
+scripts/gpu_train_dflash.sh.
 """
 
 from __future__ import annotations
