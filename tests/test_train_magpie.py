@@ -98,20 +98,30 @@ def test_heldout_extra_files(tmp_path):
     assert f.offer("Write a Go program that tails a log file and reports the slowest endpoints per minute.")
 
 
+def test_chat_rendering_of_requests_and_stubs():
+    class Tok:
+        def apply_chat_template(self, msgs, add_generation_prompt=True):
+            return "<u>" + msgs[0]["content"]
+
+    nl, stub = tdata.render_prompts(Tok(), [HELDOUT[0], 'def f(x):\n    """Return x."""\n'])
+    assert nl == "<u>" + HELDOUT[0]  # a request is the user message itself (bench spec --chat on held-out sets)
+    assert any(stub.startswith(f"<u>{x}\n\n```python\ndef f(x):") for x in tdata.INSTRUCTIONS)  # a stub: completed
+
+
 @pytest.fixture(scope="module")
 def big():
     return text_model()
 
 
 def sample(big, seed: int, **kw) -> list[magpie.Request]:
-    mo = magpie.MagpieOptions(max_tokens=10, keep_incomplete=True, min_chars=8)
+    mo = magpie.MagpieOptions(max_tokens=8, keep_incomplete=True, min_chars=8, oversample=1.0)
     eng = tiny_engine(big, num_gpu_blocks=64, **kw)
-    return magpie.first_requests(eng, 6, seed, time.monotonic() + 600, mo, magpie.make_filter(6, mo))
+    return magpie.first_requests(eng, 5, seed, time.monotonic() + 600, mo, magpie.make_filter(5, mo))
 
 
 def test_magpie_requests_are_seeded(big):
     a = sample(big, 3, max_num_seqs=4)
-    assert len(a) == 6 and len({r.text for r in a}) == 6 and all(r.text.strip() for r in a)
+    assert len(a) == 5 and len({r.text for r in a}) == 5 and all(r.text.strip() for r in a)
     assert len({r.system for r in a}) >= 3  # the system prompts cycle
     # Independent of how the engine batches and steps them.
     assert sample(big, 3, max_num_seqs=16, async_scheduling=True) == a
