@@ -43,6 +43,7 @@ SYSTEM_PROMPTS: tuple[str | None, ...] = (
 NGRAM = 5  # word n-grams for near-duplicate tests
 HELDOUT_OVERLAP = 0.5  # a request sharing this fraction of its (or a held-out text's) n-grams is held out
 DUP_OVERLAP = 0.7  # near-duplicate of an already kept request (n-gram Jaccard)
+MAX_POSTING = 64  # texts indexed per n-gram (bounds the filter's cost at tens of thousands of requests)
 REPO = Path(__file__).resolve().parents[2]
 # A turn that opens like code, markup or an assistant's answer is the model writing something else.
 NOT_A_REQUEST = re.compile(
@@ -114,8 +115,10 @@ class NearIndex:
         norm = normalize(text)
         self.exact.add(norm)
         g = ngrams(norm)
-        for x in g:
-            self.index.setdefault(x, []).append(len(self.grams))
+        for x in g:  # a gram in MAX_POSTING texts already ("write a python function that") adds little: not indexed
+            posting = self.index.setdefault(x, [])
+            if len(posting) < MAX_POSTING:
+                posting.append(len(self.grams))
         self.grams.append(g)
 
     def overlap(self, text: str) -> tuple[float, float]:
@@ -130,7 +133,7 @@ class NearIndex:
         for i, s in shared.items():
             other = self.grams[i]
             best_c = max(best_c, s / max(1, len(g)), s / max(1, len(other)))
-            best_j = max(best_j, s / max(1, len(g | other)))
+            best_j = max(best_j, s / max(1, len(g) + len(other) - s))
         return best_c, best_j
 
 
@@ -247,7 +250,7 @@ class MagpieOptions:
 
     temperature: float = 1.0
     top_p: float = 0.95
-    max_tokens: int = 160  # a longer turn is cut, hence incomplete (dropped unless keep_incomplete)
+    max_tokens: int = 200  # a longer turn is cut, hence incomplete (dropped unless keep_incomplete)
     min_chars: int = 24
     max_chars: int = 2000
     opening_share: float = 0.05  # at most this share of the requests (and >= 2) may share their first 3 words

@@ -39,7 +39,7 @@ class TrainOptions:
     magpie_fraction: float = 0.25  # most of the generation budget the first user turns may take
     magpie_temperature: float = 1.0
     magpie_top_p: float = 0.95
-    magpie_max_tokens: int = 160
+    magpie_max_tokens: int = 200
     magpie_keep_incomplete: bool = False
     multi_turn: float = 0.25  # share of the Magpie conversations that get a second user turn
     exclude_prompts: str = ""  # comma-separated prompt files kept out of training (beside the repository's)
