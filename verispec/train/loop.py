@@ -31,7 +31,7 @@ are restored). Without --max-steps the cosine follows wall time, so a resumed ru
 Default run on one H200 (`verispec train-drafter --target qwen2.5-coder-1.5b-instruct --out DIR`,
 15 minutes after the target loads), estimated from session 3's measured rates (verispec generated 27k
 tok/s, features 62k tok/s, 19 training steps/s; docs/BENCHMARKS.md): generation <= 360 s (0.4): Magpie
-first turns, 12,000 candidates <= 200 tokens for 8,000 requests (~40 s; at most 25% of it), 2,000
+first turns, 12,000 candidates <= 200 tokens for 8,000 requests (45-90 s: at most 25% of it), 2,000
 stdlib stubs, 10,000 first responses <= 256 tokens (~100 s), ~2,000 second turns and their responses,
 then sampled extras until the 60 GiB feature cap (~4.2M tokens at 5 layers x 1536 x bf16; ~13k
 sequences) stops it, likely near 250 s; features ~70 s; training the rest, ~550 s (~10k steps at
