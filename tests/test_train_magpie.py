@@ -79,13 +79,16 @@ def test_heldout_and_duplicate_filter():
     assert not f.offer(ok) and not f.offer(ok.lower().replace("?", "!"))  # exact, after normalizing
     assert not f.offer(ok.replace("using only a dict", "using only a plain dict"))  # near duplicate
     assert f.stats.duplicate == 3
-    assert not f.offer("Sort it.")  # too short
+    assert not f.offer("Sort it.")  # too short (not a sentence)
     assert not f.offer("#include <stdio.h>\nint main() { return 0; } /* write docs for it */")  # code, no request
     assert not f.offer("Certainly! Here is a function that reverses a string in Python for you.")  # an answer
+    assert not f.offer("from Dockerfile\n\nFROM ubuntu:latest\nRUN apt-get update && apt-get install -y git")
+    assert not f.offer("Use R for a machine learning example.\n\nSure, I can help you with that! Let's start.")
+    assert f.offer("请用Python写一个函数，计算列表中所有偶数的平均值。")  # other languages are requests too
     assert not f.offer("How can I tell", complete=False)  # cut at max_tokens
     assert f.offer("How can I profile a slow pandas groupby over ten million rows?")
     assert not f.offer("How can I stream a large JSON file in Node.js without loading it all?")  # 3rd "how can i"
-    assert f.stats.opening == 1 and f.stats.kept == 2
+    assert f.stats.opening == 1 and f.stats.kept == 3 and f.stats.not_request == 5  # "Sort it.", #include, Certainly, Dockerfile, Sure
 
 
 def test_heldout_extra_files(tmp_path):

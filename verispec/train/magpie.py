@@ -49,6 +49,10 @@ REPO = Path(__file__).resolve().parents[2]
 NOT_A_REQUEST = re.compile(
     r"^\s*(#include|#!|import\s|from\s+\S+\s+import|def\s|class\s|public\s|package\s|using\s|<[?!/a-z]|[{}\[\]]|"
     r"//|/\*|```|sure\b|certainly\b|of course\b|i'?m sorry|i am sorry|as an ai\b|here is\b|here'?s\b)", re.I)
+CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]")  # scripts written without spaces between words
+# The model sliding into the assistant's part inside the user turn, at any line.
+ANSWER_LINE = re.compile(r"^\s*(sure[,!]|certainly[,!]|of course[,!]|i'?m sorry|as an ai\b|here is (a|an|the)\b)",
+                         re.I | re.M)
 
 
 @dataclass(frozen=True)
@@ -185,9 +189,14 @@ class FilterStats:
 
 def looks_like_request(text: str) -> bool:
     """Whether a turn reads as a user's request: it does not open like code, markup or an assistant's
-    answer, and it has at least 16 characters of prose outside code fences."""
+    answer, no line starts an assistant's answer, its first line is a sentence (>= 4 words, or >= 8
+    characters without spaces: Chinese, Japanese) and it has at least 16 characters of prose outside code
+    fences."""
     prose = re.sub(r"```.*?(```|$)", " ", text, flags=re.S)
-    return not NOT_A_REQUEST.match(text) and len(re.sub(r"\s+", " ", prose).strip()) >= 16
+    first = text.strip().split("\n", 1)[0].strip()
+    sentence = len(first.split()) >= 4 or (" " not in first and len(first) >= 8)
+    return (not NOT_A_REQUEST.match(text) and not ANSWER_LINE.search(text) and sentence
+            and len(re.sub(r"\s+", " ", prose).strip()) >= 16)
 
 
 def clean(text: str) -> str:
@@ -214,14 +223,14 @@ class RequestFilter:
         norm = normalize(text)
         if not complete:
             st.incomplete += 1
+        elif max(self.heldout.overlap(text)[0], 0.0) >= HELDOUT_OVERLAP:
+            st.heldout += 1
         elif not looks_like_request(text):
             st.not_request += 1
-        elif len(text) < self.min_chars or len(norm.split()) < 4:
+        elif len(text) < self.min_chars or (len(norm.split()) < 4 and not CJK.search(text)):
             st.short += 1
         elif len(text) > self.max_chars:
             st.long += 1
-        elif max(self.heldout.overlap(text)[0], 0.0) >= HELDOUT_OVERLAP:
-            st.heldout += 1
         elif self.kept.overlap(text)[1] >= DUP_OVERLAP or norm in self.kept.exact:
             st.duplicate += 1
         elif self.openings[" ".join(norm.split()[:3])] >= self.max_per_opening:
