@@ -517,6 +517,8 @@ def test_sequences_file_roundtrip(tmp_path):
     seqs = [dflash_data.Seq([1, 2], [3, 4, 5], 0, 0.0), dflash_data.Seq([1, 2], [6, 7], 0, 0.7)]
     dflash_data.save_sequences(tmp_path / "s.jsonl", seqs, "fp")
     assert dflash_data.load_sequences(tmp_path / "s.jsonl", "fp") == seqs
+    dflash_data.save_sequences(tmp_path / "s.jsonl.gz", seqs, "fp")  # compressed, to carry between machines
+    assert dflash_data.load_sequences(tmp_path / "s.jsonl.gz", "fp") == seqs
     (tmp_path / "old.jsonl").write_text('{"target_fingerprint": "fp"}\n{"prompt": [1], "response": [2, 3]}\n')
     assert dflash_data.load_sequences(tmp_path / "old.jsonl", "fp") == [dflash_data.Seq([1], [2, 3], 0, 0.0)]
 

@@ -114,7 +114,8 @@ def add_bench_parser(sub) -> None:
                    help="drafts per step")
     p.add_argument("--dflash-k", type=int, default=None, help="k for dflash (default: its block size - 1)")
     p.add_argument("--chat", action="store_true",
-                   help="render text prompts with the chat template, as train-drafter renders its prompts")
+                   help="render text prompts with the chat template: a code stub (HumanEval) as 'Complete this "
+                        "function: ...', a natural-language request as the user message itself")
     p.add_argument("--batch-sizes", type=_ints, default=[1, 4, 16, 64],
                    help="comma-separated batch sizes (max_num_seqs), one row each")
     p.add_argument("--output-len", type=int, default=256, help="output tokens per sequence")

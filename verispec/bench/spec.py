@@ -129,8 +129,8 @@ def run_spec(bm: BenchModel, methods: list[str], batch_sizes: list[int], output_
              repeats: int = 3, adaptive: bool = False) -> dict:
     """Run every (batch size, method) `repeats` times (the row: the median run); returns {"rows", "peers",
     "prompts"}. dflash_model "random" makes an untrained drafter for the target (speed only). chat: render
-    text prompts as chat requests ("Complete this function: ..."), as train-drafter renders its training
-    prompts. adaptive=False pins k (the engine drafts k every step)."""
+    text prompts as chat requests (a code stub as "Complete this function: ...", a natural-language request
+    as the user message itself: train/data.py render_prompts). adaptive=False pins k (the engine drafts k every step)."""
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
     need = max([num_prompts, *batch_sizes])  # batch size b runs max(num_prompts, b) prompts

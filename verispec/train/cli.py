@@ -38,6 +38,15 @@ _NUMERIC_FLAGS: list[tuple[str, type, str]] = [
     ("refill-below", float, "add generation jobs when at most this fraction of max_num_seqs runs"),
     ("max-stub-chars", int, "longest mined function stub, in characters"),
     ("log-every", int, "training steps between log lines"),
+    ("magpie-share", float, "share of --num-prompts that are Magpie requests when mixed with stub sources"),
+    ("magpie-fraction", float, "most of the generation budget the Magpie first user turns may take"),
+    ("magpie-temperature", float, "sampling temperature of the Magpie user turns"),
+    ("magpie-top-p", float, "top-p of the Magpie user turns"),
+    ("magpie-max-tokens", int, "longest Magpie user turn, in tokens (longer ones are dropped)"),
+    ("multi-turn", float, "share of the Magpie conversations that get a second user turn"),
+    ("stop-after-steps", int, "end this invocation after this many training steps (resume with --resume)"),
+    ("stop-after-minutes", float, "end this invocation after this many minutes (resume with --resume)"),
+    ("state-shard-mib", float, "largest file of OUT/train_state/, in MiB"),
 ]
 
 
@@ -54,7 +63,16 @@ def add_train_parser(sub) -> None:
     for name, typ, text in _NUMERIC_FLAGS:
         s.add_argument(f"--{name}", type=typ, default=_default(name.replace("-", "_")), help=text)
     s.add_argument("--prompt-sources", default=_default("prompt_sources"),
-                   help="comma-separated: stdlib and/or installed packages by import name (numpy,scipy,...)")
+                   help="comma-separated: magpie (user requests the target writes itself, train/magpie.py), "
+                        "stdlib and/or installed packages by import name (numpy,scipy,...: docstring stubs); "
+                        "with magpie and stub sources, --magpie-share of --num-prompts are Magpie requests")
+    s.add_argument("--exclude-prompts", default="",
+                   help="comma-separated prompt files (JSONL 'prompt' or lines) kept out of the Magpie requests, "
+                        "beside prompts/heldout_requests.jsonl and HumanEval")
+    s.add_argument("--magpie-keep-incomplete", action="store_true",
+                   help="keep user turns cut at --magpie-max-tokens (tests with random weights)")
+    s.add_argument("--state-dtype", default=_default("state_dtype"), choices=["float32", "bfloat16"],
+                   help="AdamW moments in OUT/train_state (float32: exact resume; weights are float32 always)")
     s.add_argument("--prompt-styles", default=_default("prompt_styles"),
                    help=f"comma-separated, cycled over the prompts ({', '.join(STYLES)}; repeat one to weight it)")
     s.add_argument("--device", default=_default("device"), help="cpu, cuda, cuda:N or auto (the target's engine)")
@@ -62,8 +80,11 @@ def add_train_parser(sub) -> None:
                    help="dtype of the saved drafter weights")
     s.add_argument("--sequences", default=None, help="JSONL of (prompt, response) ids from an earlier run")
     s.add_argument("--generate-only", action="store_true", help="stop after writing OUT/sequences.jsonl")
-    s.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt")
-    s.add_argument("--save-state", action="store_true", help="write OUT/train_state.pt (for --resume; large)")
+    s.add_argument("--resume", action="store_true",
+                   help="continue from OUT/train_state (and OUT/sequences.jsonl when --sequences is not given)")
+    s.add_argument("--save-state", action="store_true",
+                   help="write OUT/train_state/ (for --resume) at every checkpoint and at the end, in shards of "
+                        "--state-shard-mib MiB")
     s.set_defaults(func=cmd_train_drafter)
 
 

@@ -1,11 +1,15 @@
 """The DFlash training pipeline behind `verispec train-drafter` (train/cli.py): a drafter for a target model,
 from nothing but the target.
 
-1. Data (train/prompts.py, train/data.py): function stubs mined from the stdlib and
-   --prompt-sources packages, rendered in --prompt-styles; the target answers each through verispec
-   (response 0 greedy by default, --responses-per-prompt - 1 extra sampled ones); generation stops
-   at its deadline or once the features would exceed --max-feature-gb; one teacher-forced target
-   forward per sequence captures the drafter's target layers. Held-out data is split by prompt.
+1. Data (train/magpie.py, train/prompts.py, train/data.py). --prompt-sources "magpie" has the instruct
+   target write user requests itself (its chat template's user-turn prefix, sampled to the end of the
+   turn; filtered against the held-out sets and near duplicates; --multi-turn of them get a second user
+   turn); stdlib and package names mine docstring stubs, rendered in --prompt-styles. With both,
+   --magpie-share of --num-prompts are Magpie requests. The target answers each through verispec
+   (response 0 at --temperature, greedy by default; --responses-per-prompt - 1 extra sampled ones);
+   generation stops at its deadline or once the features would exceed --max-feature-gb; one teacher-
+   forced target forward per sequence captures the drafter's target layers. Held-out data is split by
+   prompt (a conversation's turns stay together).
 2. Training: random anchors inside each response; block = [token at anchor, MASK x (B-1)] at
    positions anchor .. anchor+B-1, context = features of positions < anchor; several blocks per
    sequence, kept apart by the mask; cross-entropy weighted exp(-(j-1)/gamma) at block position j;
@@ -13,9 +17,28 @@ from nothing but the target.
    train/objective.py; held-out evaluation: train/evaluate.py).
 The time budget (--minutes) covers everything after the target is loaded (mining included);
 generation gets at most --gen-fraction of it; the learning rate follows a cosine over the time left
-for training. Runs can
-be split: --generate-only writes OUT/sequences.jsonl; --sequences FILE skips generation; --resume
-continues from OUT/train_state.pt (float32 weights + optimizer state).
+for training (over the steps with --max-steps).
+
+Runs can be split, also across machines: --generate-only writes OUT/sequences.jsonl; --sequences FILE
+(.jsonl or .jsonl.gz) skips generation; --save-state writes OUT/train_state/ (train/state.py: shards
+of --state-shard-mib MiB, 15 by default so each file fits a 16 MiB transfer); --stop-after-minutes /
+--stop-after-steps end an invocation early; --resume continues from OUT/train_state and reuses
+OUT/sequences.jsonl. The resumed run spends what is left of --minutes (the time used is saved) and
+re-extracts the features (deterministic); with --max-steps and float32 state it ends with exactly the
+weights of an uninterrupted run (the batches' generator, AdamW's moments and the step-based schedule
+are restored). Without --max-steps the cosine follows wall time, so a resumed run is close, not equal.
+
+Default run on one H200 (`verispec train-drafter --target qwen2.5-coder-1.5b-instruct --out DIR`,
+15 minutes after the target loads), estimated from session 3's measured rates (verispec generated 27k
+tok/s, features 62k tok/s, 19 training steps/s; docs/BENCHMARKS.md): generation <= 360 s (0.4): Magpie
+first turns, 12,000 candidates <= 200 tokens for 8,000 requests (45-90 s: at most 25% of it), 2,000
+stdlib stubs, 10,000 first responses <= 256 tokens (~100 s), ~2,000 second turns and their responses,
+then sampled extras until the 60 GiB feature cap (~4.2M tokens at 5 layers x 1536 x bf16; ~13k
+sequences) stops it, likely near 250 s; features ~70 s; training the rest, ~550 s (~10k steps at
+batch 32 x 16 anchors); evaluation and saving <= 30 s. Files: sequences.jsonl ~30 MB (gzip ~12 MB),
+model.safetensors 211 MB (bf16), train_state/ 1.26 GB (float32; 0.84 GB with --state-dtype bfloat16).
+The GPU commands (the 15 minutes split over two <= 10-minute calls, then the held-out measurement):
+scripts/gpu_train_dflash.sh.
 """
 
 from __future__ import annotations
@@ -24,7 +47,7 @@ import json
 import math
 import random
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -34,24 +57,42 @@ from verispec.models.qwen2 import CausalLM
 from verispec.spec_decode.dflash import save_drafter
 from verispec.spec_decode.dflash_model import DFlashConfig, DFlashDrafter, new_config
 from verispec.train.data import (
+    GenJob,
     Sample,
     Seq,
     extract_features,
     generate,
+    job_seed,
     load_sequences,
     make_jobs,
     pick_mask_token,
     save_sequences,
 )
 from verispec.train.evaluate import evaluate
+from verispec.train.magpie import (
+    MagpieOptions,
+    Request,
+    chat_ids,
+    first_requests,
+    make_filter,
+    sample_seed,
+    second_requests,
+)
 from verispec.train.objective import dflash_loss, make_batch
 from verispec.train.options import TrainOptions
 from verispec.train.prompts import STYLES, mine_functions, render_styled, source_roots
+from verispec.train.state import load_state, read_meta, save_state
+
+STATE_DIR = "train_state"
 
 
-def build_prompts(tokenizer, opts: TrainOptions) -> list[list[int]]:
-    """Prompt ids: mined stubs in the chosen styles, at most max_prompt_tokens long."""
-    sources, styles = _csv(opts.prompt_sources), _csv(opts.prompt_styles)
+def build_prompts(tokenizer, opts: TrainOptions, sources: list[str] | None = None,
+                  limit: int | None = None) -> list[list[int]]:
+    """Prompt ids: stubs mined from `sources` (default: --prompt-sources less magpie) in the chosen styles, at
+    most max_prompt_tokens long."""
+    sources = [s for s in _csv(opts.prompt_sources) if s != "magpie"] if sources is None else sources
+    limit = opts.num_prompts if limit is None else limit
+    styles = _csv(opts.prompt_styles)
     if bad := [s for s in styles if s not in STYLES]:
         raise ValueError(f"unknown prompt styles {bad} (choose from {', '.join(STYLES)})")
     present = []
@@ -61,11 +102,13 @@ def build_prompts(tokenizer, opts: TrainOptions) -> list[list[int]]:
             present.append(src)
         except (ValueError, ImportError):
             print(f"prompt source {src!r} is not installed here: skipped")
-    stubs = mine_functions(present, opts.num_prompts, opts.seed, opts.max_stub_chars)
+    if not present or limit <= 0:
+        return []
+    stubs = mine_functions(present, limit, opts.seed, opts.max_stub_chars)
     texts = render_styled(tokenizer, stubs, styles)
     ids = tokenizer.encode_batch(texts) if hasattr(tokenizer, "encode_batch") else [tokenizer.encode(t) for t in texts]
     kept = [p for p in ids if len(p) <= opts.max_prompt_tokens]
-    print(f"{len(kept)} prompts ({len(stubs)} stubs from {', '.join(present)}; styles {', '.join(styles)})")
+    print(f"{len(kept)} stub prompts ({len(stubs)} stubs from {', '.join(present)}; styles {', '.join(styles)})")
     return kept
 
 
@@ -77,13 +120,80 @@ def feature_bytes_per_token(cfg: DFlashConfig, dev: torch.device) -> int:
     return len(cfg.target_layers) * cfg.hidden_size * (2 if dev.type == "cuda" else 4)
 
 
-def make_sequences(engine, opts: TrainOptions, cfg: DFlashConfig, deadline: float) -> tuple[list[Seq], int]:
-    """Mine prompts and generate (at most what fits in max_feature_gb); (sequences, number of prompts)."""
-    prompts = build_prompts(engine.tokenizer, opts)
-    jobs = make_jobs(prompts, opts.responses_per_prompt, opts.temperature, opts.extra_temperature, opts.seed)
+def magpie_options(opts: TrainOptions) -> MagpieOptions:
+    """The Magpie sampling and filter settings of a run."""
+    return MagpieOptions(temperature=opts.magpie_temperature, top_p=opts.magpie_top_p,
+                         max_tokens=opts.magpie_max_tokens, keep_incomplete=opts.magpie_keep_incomplete)
+
+
+def source_counts(opts: TrainOptions) -> tuple[int, int]:
+    """(Magpie requests, stub prompts) wanted: all of --num-prompts for the one kind present, else
+    --magpie-share of them Magpie requests."""
+    sources = _csv(opts.prompt_sources)
+    stubs = [s for s in sources if s != "magpie"]
+    if "magpie" not in sources:
+        return 0, opts.num_prompts
+    n = opts.num_prompts if not stubs else round(opts.num_prompts * opts.magpie_share)
+    return n, opts.num_prompts - n
+
+
+def make_sequences(engine, opts: TrainOptions, cfg: DFlashConfig, deadline: float,
+                   out: Path | None = None) -> tuple[list[Seq], int]:
+    """Build the prompts and generate (at most what fits in max_feature_gb); (sequences, number of prompts).
+
+    Phases, each within the generation deadline: (1) Magpie first user turns (at most --magpie-fraction of
+    the time); (2) every prompt's first response at --temperature, Magpie requests and stub prompts
+    interleaved (seeded), so a cut keeps the mix; (3) a second user turn for --multi-turn of the Magpie
+    conversations, from the first exchange; (4) the second turns' responses and the extra sampled responses
+    (--responses-per-prompt). Requests go to OUT/requests.jsonl for inspection."""
+    tok, t = engine.tokenizer, time.monotonic()
+    span = max(0.0, deadline - t)
+    n_magpie, n_stub = source_counts(opts)
+    mo = magpie_options(opts)
+    filt = make_filter(max(1, n_magpie), mo, _csv(opts.exclude_prompts))
+    requests = first_requests(engine, n_magpie, opts.seed, t + span * opts.magpie_fraction, mo, filt) if n_magpie else []
+    if n_magpie:
+        print(f"{len(requests)} Magpie requests kept of {n_magpie} wanted ({filt.stats})")
+    items: list[tuple[list[int], Request | None]] = []
+    for r in requests:
+        ids = chat_ids(tok, r.system, [{"role": "user", "content": r.text}])
+        if len(ids) <= opts.max_prompt_tokens:
+            items.append((ids, r))
+    items += [(p, None) for p in build_prompts(tok, opts, limit=n_stub)]
+    random.Random(opts.seed).shuffle(items)
+    prompts = [p for p, _ in items]
     dev = engine.parts.model.lm_head_weight.device
-    max_tokens = int(opts.max_feature_gb * 2**30 / feature_bytes_per_token(cfg, dev))
-    seqs = generate(engine, jobs, opts.max_new_tokens, deadline, opts.refill_below, max_tokens)
+    cap = int(opts.max_feature_gb * 2**30 / feature_bytes_per_token(cfg, dev))
+    later = opts.multi_turn > 0 and n_magpie > 0 or opts.responses_per_prompt > 1
+    now = time.monotonic()
+    first = make_jobs(prompts, 1, opts.temperature, opts.extra_temperature, opts.seed)
+    seqs = generate(engine, first, opts.max_new_tokens, now + (deadline - now) * (0.7 if later else 1.0),
+                    opts.refill_below, cap)
+    rows = [{"group": g, "turn": 1, "system": r.system, "text": r.text} for g, (_, r) in enumerate(items) if r]
+    jobs2: list[GenJob] = []
+    if opts.multi_turn > 0 and time.monotonic() < deadline:
+        answered = {q.group: q for q in seqs}
+        chosen = [g for g, (_, r) in enumerate(items) if r is not None and g in answered
+                  and sample_seed(opts.seed, "multi", g) % 10_000 < opts.multi_turn * 10_000]
+        eos = set(getattr(tok, "eos_token_ids", ()) or ())
+        exch = [(items[g][1], tok.decode([x for x in answered[g].response if x not in eos])) for g in chosen]
+        now = time.monotonic()
+        for i, r2 in second_requests(engine, exch, opts.seed, now + (deadline - now) * 0.3, mo, filt):
+            g, (r1, a1) = chosen[i], exch[i]
+            ids = chat_ids(tok, r1.system, [{"role": "user", "content": r1.text}, {"role": "assistant", "content": a1},
+                                            {"role": "user", "content": r2.text}])
+            if len(ids) <= opts.max_prompt_tokens:
+                jobs2.append(GenJob(ids, g, opts.temperature, job_seed(opts.seed, g, 1000) if opts.temperature else None))
+                rows.append({"group": g, "turn": 2, "system": r2.system, "text": r2.text})
+        print(f"{len(jobs2)} second user turns of {len(chosen)} conversations")
+    extra = make_jobs(prompts, opts.responses_per_prompt, opts.temperature, opts.extra_temperature,
+                      opts.seed)[len(prompts):]
+    if (jobs2 or extra) and time.monotonic() < deadline:
+        left = cap - sum(len(q.prompt) + len(q.response) for q in seqs)
+        seqs += generate(engine, jobs2 + extra, opts.max_new_tokens, deadline, opts.refill_below, max(0, left))
+    if out is not None:
+        with open(out / "requests.jsonl", "w") as f:
+            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     return seqs, len(prompts)
 
 
@@ -115,16 +225,42 @@ def split_by_group(samples: list[Sample], fraction: float, max_groups: int, seed
     return [s for s in samples if s.group in held], [s for s in samples if s.group not in held]
 
 
-def lr_at(opts: TrainOptions, step: int, resumed: bool, frac: float) -> float:
-    """Linear warm-up over opts.warmup steps, then a cosine from lr to lr / 10 over the budget."""
-    warm = 1.0 if resumed else min(1.0, (step + 1) / opts.warmup)
+def lr_at(opts: TrainOptions, step: int, frac: float) -> float:
+    """Linear warm-up over opts.warmup steps (global steps: a resumed run continues it), then a cosine from
+    lr to lr / 10 over the schedule's progress frac (0 .. 1)."""
+    warm = min(1.0, (step + 1) / max(1, opts.warmup))
     return opts.lr * warm * (0.1 + 0.45 * (1 + math.cos(math.pi * min(frac, 1.0))))
+
+
+@dataclass
+class Progress:
+    """Where a run stands across invocations (saved in the training state's meta)."""
+
+    step: int = 0
+    seconds_used: float = 0.0  # of the --minutes budget, by earlier invocations
+    train_seconds: float = 0.0  # training time of earlier invocations
+    ema: float | None = None
+
+
+def schedule_frac(opts: TrainOptions, step: int, train_seconds: float, train_total: float) -> float:
+    """The cosine's progress: step / --max-steps when that is set (deterministic, so a resumed run repeats an
+    uninterrupted one exactly), else the training time spent over the training time of the budget."""
+    if opts.max_steps:
+        return step / opts.max_steps
+    return train_seconds / max(train_total, 1e-6)
+
+
+def sequences_path(opts: TrainOptions, out: Path) -> Path | None:
+    """--sequences, or with --resume the run's own OUT/sequences.jsonl when it exists (no generation again)."""
+    if opts.sequences:
+        return Path(opts.sequences)
+    own = out / "sequences.jsonl"
+    return own if opts.resume and own.is_file() else None
 
 
 def train(engine, opts: TrainOptions) -> dict:
     """The whole pipeline against an already built engine (its model is the target)."""
     t0 = time.monotonic()
-    budget = opts.minutes * 60
     torch.manual_seed(opts.seed)
     target: CausalLM = engine.parts.model
     dev = target.lm_head_weight.device
@@ -133,11 +269,20 @@ def train(engine, opts: TrainOptions) -> dict:
     mask_id = pick_mask_token(engine.tokenizer, target.config.vocab_size)
     cfg = new_config(target, opts.target, mask_id, opts.block_size, opts.layers, opts.target_layers)
     fp = cfg.target_fingerprint["sha256"]
-    if opts.sequences:
-        seqs, n_prompts = load_sequences(Path(opts.sequences), fp), 0
+    meta = read_meta(out / STATE_DIR) if opts.resume else None
+    if opts.resume and meta is None:
+        print(f"--resume: no state in {out / STATE_DIR}; starting from step 0")
+    if meta is not None and meta.get("target_fingerprint") != fp:
+        raise ValueError(f"the state in {str(out / STATE_DIR)!r} was trained for another target model")
+    prior = Progress(**{k: v for k, v in (meta or {}).get("progress", {}).items() if k in Progress.__dataclass_fields__})
+    budget = max(0.0, opts.minutes * 60 - prior.seconds_used)
+    seq_file = sequences_path(opts, out)
+    if seq_file is not None:
+        seqs, n_prompts = load_sequences(seq_file, fp), 0
+        print(f"{len(seqs)} sequences read from {seq_file}")
     else:
         deadline = t0 + budget * (1.0 if opts.generate_only else opts.gen_fraction)
-        seqs, n_prompts = make_sequences(engine, opts, cfg, deadline)
+        seqs, n_prompts = make_sequences(engine, opts, cfg, deadline, out)
         save_sequences(out / "sequences.jsonl", seqs, fp)
         print(f"{len(seqs)} sequences written to {out / 'sequences.jsonl'}")
     t_gen = time.monotonic() - t0
@@ -159,17 +304,19 @@ def train(engine, opts: TrainOptions) -> dict:
     drafter.requires_grad_(True).train()
     optim = torch.optim.AdamW(drafter.parameters(), lr=opts.lr, betas=(0.9, 0.95), weight_decay=0.01,
                               fused=dev.type == "cuda")
-    step0 = 0
-    if opts.resume and (out / "train_state.pt").is_file():
-        state = torch.load(out / "train_state.pt", map_location=dev)
-        drafter.load_state_dict(state["model"])
-        optim.load_state_dict(state["optim"])
-        step0 = state["step"]
-        print(f"resumed from {out / 'train_state.pt'} at step {step0}")
-    t_train0, end = time.monotonic(), t0 + budget - min(30.0, budget * 0.05)
-    step, ema, stats = train_loop(drafter, target, optim, tr, opts, step0, end, out)
+    gen = torch.Generator().manual_seed(opts.seed)  # the training batches' draws
+    if meta is not None:
+        load_state(out / STATE_DIR, drafter, optim, gen)
+        print(f"resumed from {out / STATE_DIR} at step {prior.step}")
+    t_train0 = time.monotonic()
+    reserve = min(30.0, budget * 0.05)  # evaluation and saving
+    end = t0 + budget - reserve
+    stop = end if opts.stop_after_minutes is None else min(end, t0 + opts.stop_after_minutes * 60 - reserve)
+    clock = TrainClock(t0, t_train0, prior, prior.train_seconds + max(end - t_train0, 1e-6), stop)
+    step, ema, stats = train_loop(drafter, target, optim, gen, tr, opts, clock, out, fp)
     val_loss, val_stats = evaluate(drafter, target, val, opts, cfg)
-    sha = _checkpoint(drafter, optim, step, out, getattr(torch, opts.save_dtype), opts.save_state)
+    sha, state_bytes = _checkpoint(drafter, optim, gen, opts, out, fp, clock.progress(step, ema))
+    complete = (opts.max_steps is not None and step >= opts.max_steps) or time.monotonic() >= end
     log = dict(
         target=opts.target, target_fingerprint=fp, mask_token_id=mask_id, target_layers=cfg.target_layers,
         num_prompts=n_prompts, num_sequences=len(samples), num_train_sequences=len(tr),
@@ -178,36 +325,55 @@ def train(engine, opts: TrainOptions) -> dict:
         num_greedy_sequences=sum(s.greedy for s in samples), feature_budget_gb=round(gb, 1),
         seconds_generate=round(t_gen, 1), seconds_features=round(t_feat, 1),
         seconds_train=round(time.monotonic() - t_train0, 1), minutes_total=round((time.monotonic() - t0) / 60, 2),
-        steps=step, resumed_from_step=step0, final_loss=ema, final_train_tau_uniform=stats.get("tau_uniform"),
+        minutes_budget_used=round(clock.progress(step, ema).seconds_used / 60, 2),
+        steps=step, resumed_from_step=prior.step, complete=complete, state_bytes=state_bytes,
+        final_loss=ema, final_train_tau_uniform=stats.get("tau_uniform"),
         val_loss=val_loss, val=val_stats, weights_sha256=sha, options=asdict(opts),
     )
     (out / "train_log.json").write_text(json.dumps(log, indent=2) + "\n")
     print(f"drafter saved to {out}: model.safetensors sha256 {sha}")
     print(f"val loss {val_loss:.3f}, val tau {val_stats['tau']:.2f} (the engine's greedy acceptance length on "
           f"held-out responses; first 128 tokens {val_stats['tau_first128']:.2f}; uniform-anchor estimate "
-          f"{val_stats['tau_uniform']:.2f}), {step} steps, "
-          f"{log['minutes_total']} min")
+          f"{val_stats['tau_uniform']:.2f}), {step} steps, {log['minutes_total']} min"
+          + ("" if complete else "; stopped early: continue with --resume"))
     return log
 
 
-def train_loop(drafter: DFlashDrafter, target: CausalLM, optim, tr: list[Sample], opts: TrainOptions, step0: int,
-               end: float, out: Path) -> tuple[int, float | None, dict]:
-    """AdamW steps until `end` (or max_steps); the host syncs only every log_every steps."""
+@dataclass
+class TrainClock:
+    """The times one invocation trains by: its start, the run's progress before it, the training time of the
+    whole budget (the cosine's length) and when this invocation stops."""
+
+    t0: float
+    t_train0: float
+    prior: Progress
+    train_total: float
+    stop: float
+
+    def train_seconds(self) -> float:
+        return self.prior.train_seconds + time.monotonic() - self.t_train0
+
+    def progress(self, step: int, ema: float | None) -> Progress:
+        return Progress(step, self.prior.seconds_used + time.monotonic() - self.t0, self.train_seconds(), ema)
+
+
+def train_loop(drafter: DFlashDrafter, target: CausalLM, optim, gen: torch.Generator, tr: list[Sample],
+               opts: TrainOptions, clock: TrainClock, out: Path, fp: str) -> tuple[int, float | None, dict]:
+    """AdamW steps from clock.prior.step until clock.stop, --max-steps or --stop-after-steps more steps (at
+    least one); the host syncs only every log_every steps. Batches are drawn from `gen`."""
     dev, cfg = target.lm_head_weight.device, drafter.config
-    gen = torch.Generator().manual_seed(opts.seed + step0)
-    t_start = time.monotonic()
-    step, ema, stats = step0, None, {}
+    step0 = clock.prior.step
+    step, ema, stats = step0, clock.prior.ema, {}
+    last = min(x for x in (opts.max_steps, None if opts.stop_after_steps is None else step0 + opts.stop_after_steps,
+                           1 << 62) if x is not None)
     bar = tqdm(desc="training", unit="step", total=opts.max_steps, initial=step0)
-    while (opts.max_steps is None or step < opts.max_steps) and (step == step0 or time.monotonic() < end):
-        frac = (time.monotonic() - t_start) / max(end - t_start, 1e-6)
-        if opts.max_steps:
-            frac = max(frac, step / opts.max_steps)
-        lr = lr_at(opts, step, step0 > 0, frac)
+    while step < last and (step == step0 or time.monotonic() < clock.stop):
+        lr = lr_at(opts, step, schedule_frac(opts, step, clock.train_seconds(), clock.train_total))
         for g in optim.param_groups:
             g["lr"] = lr
         batch = make_batch([tr[i] for i in torch.randint(len(tr), (opts.batch_seqs,), generator=gen)],
                            opts.anchors, cfg, gen)
-        log = (step + 1) % opts.log_every == 0 or step == step0
+        log = (step + 1) % opts.log_every == 0 or step == 0
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             loss, st = dflash_loss(drafter, target, batch, with_stats=log)
         optim.zero_grad(set_to_none=True)
@@ -220,14 +386,19 @@ def train_loop(drafter: DFlashDrafter, target: CausalLM, optim, tr: list[Sample]
             stats = st
             ema = loss.item() if ema is None else 0.8 * ema + 0.2 * loss.item()
             bar.set_postfix(loss=f"{ema:.3f}", tau_u=f"{stats['tau_uniform']:.2f}", lr=f"{lr:.1e}")
-        if opts.ckpt_every and step % opts.ckpt_every == 0:
-            _checkpoint(drafter, optim, step, out, getattr(torch, opts.save_dtype), opts.save_state)
+        if opts.ckpt_every and step % opts.ckpt_every == 0 and step < last:
+            _checkpoint(drafter, optim, gen, opts, out, fp, clock.progress(step, ema))
     bar.close()
     return step, ema, stats
 
 
-def _checkpoint(drafter: DFlashDrafter, optim, step: int, out: Path, save_dtype, state: bool) -> str:
-    """The servable drafter (save_dtype); with state, float32 weights + optimizer state for --resume."""
-    if state:
-        torch.save({"model": drafter.state_dict(), "optim": optim.state_dict(), "step": step}, out / "train_state.pt")
-    return save_drafter(drafter, out, save_dtype)
+def _checkpoint(drafter: DFlashDrafter, optim, gen: torch.Generator, opts: TrainOptions, out: Path, fp: str,
+                progress: Progress) -> tuple[str, int | None]:
+    """The servable drafter (--save-dtype); with --save-state also OUT/train_state (train/state.py).
+    Returns (model.safetensors sha256, the state's bytes or None)."""
+    size = None
+    if opts.save_state:
+        meta = {"target_fingerprint": fp, "progress": asdict(progress)}
+        size = save_state(out / STATE_DIR, drafter, optim, gen, meta, getattr(torch, opts.state_dtype),
+                          opts.state_shard_mib)
+    return save_drafter(drafter, out, getattr(torch, opts.save_dtype)), size

@@ -12,9 +12,9 @@ from verispec.config import EngineConfig
 class TrainOptions:
     target: str
     out: str
-    minutes: float = 20.0
-    gen_fraction: float = 0.45
-    num_prompts: int = 5000
+    minutes: float = 15.0
+    gen_fraction: float = 0.4
+    num_prompts: int = 10000
     max_new_tokens: int = 256
     max_prompt_tokens: int = 512
     device: str = EngineConfig.device
@@ -34,10 +34,18 @@ class TrainOptions:
     save_dtype: str = "bfloat16"
     feature_batch_tokens: int = 16384
     max_feature_gb: float = 60.0
-    prompt_sources: str = "stdlib"
+    prompt_sources: str = "magpie,stdlib"
+    magpie_share: float = 0.8  # of num_prompts, when magpie is mixed with stub sources
+    magpie_fraction: float = 0.25  # most of the generation budget the first user turns may take
+    magpie_temperature: float = 1.0
+    magpie_top_p: float = 0.95
+    magpie_max_tokens: int = 200
+    magpie_keep_incomplete: bool = False
+    multi_turn: float = 0.25  # share of the Magpie conversations that get a second user turn
+    exclude_prompts: str = ""  # comma-separated prompt files kept out of training (beside the repository's)
     prompt_styles: str = "chat"
     max_stub_chars: int = 1500
-    responses_per_prompt: int = 1
+    responses_per_prompt: int = 2
     extra_temperature: float = 0.7
     refill_below: float = 0.75
     max_val_prompts: int = 256
@@ -46,3 +54,7 @@ class TrainOptions:
     generate_only: bool = False
     resume: bool = False
     save_state: bool = False
+    stop_after_steps: int | None = None
+    stop_after_minutes: float | None = None
+    state_dtype: str = "float32"
+    state_shard_mib: float = 15.0
