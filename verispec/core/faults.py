@@ -9,6 +9,7 @@ VERISPEC_DEBUG_STALE once, when an engine is built. The bug classes:
 - placeholder_leak: a placeholder id reaches the model's input ids.
 - early_prefix_publish: a prefix-cache hash is published before its K/V is written.
 - miscount_rejected: the acceptance counters count a rejected position as accepted.
+- unmasked_verify: a constrained request's drafts are verified without its grammar mask.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from dataclasses import dataclass
 from verispec.core import envs
 from verispec.core.placeholder import PLACEHOLDER, StaleMirrorError
 
-KNOWN = ("stale_host_draft", "row_by_position", "placeholder_leak", "early_prefix_publish", "miscount_rejected")
+KNOWN = ("stale_host_draft", "row_by_position", "placeholder_leak", "early_prefix_publish", "miscount_rejected",
+         "unmasked_verify")
 
 
 @dataclass(frozen=True)
