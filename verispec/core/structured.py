@@ -15,6 +15,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+# Free whitespace between JSON tokens is capped at this many characters: small models otherwise loop on
+# whitespace forever (deep indentation of a pretty-printed document stays well within it).
+MAX_JSON_WHITESPACE = 20
 _KINDS = ("json", "json_object", "regex", "grammar", "choice")
 # xgrammar's C++ errors start with "[hh:mm:ss] /path/file.cc:123: "; the rest names the problem.
 _LOG_PREFIX = re.compile(r"^\[[\d:]+\]\s+\S+:\d+:\s*")
@@ -40,7 +43,8 @@ def xgrammar_message(e: Exception) -> str:
 class StructuredOutputsParams:
     """vLLM's structured-output options. json: a JSON schema (dict or JSON text); json_object: any
     JSON object; regex; grammar: EBNF text; choice: the output is one of these strings exactly.
-    disable_any_whitespace: JSON without free whitespace between tokens (compact output)."""
+    disable_any_whitespace: JSON without free whitespace between tokens (compact output; else at most
+    MAX_JSON_WHITESPACE characters of it between two tokens)."""
 
     json: dict | str | None = None
     regex: str | None = None
@@ -74,6 +78,12 @@ class StructuredOutputsParams:
         self.validate()
         return self._compiled
 
+    def _whitespace(self) -> dict[str, Any]:
+        """xgrammar's whitespace options for JSON: compact, or free whitespace up to MAX_JSON_WHITESPACE."""
+        if self.disable_any_whitespace:
+            return {"any_whitespace": False}
+        return {"any_whitespace": True, "max_whitespace_cnt": MAX_JSON_WHITESPACE}
+
     def _build(self, kind: str) -> Any:
         xgr = import_xgrammar()
         where = f"StructuredOutputsParams.{kind}"
@@ -88,11 +98,12 @@ class StructuredOutputsParams:
                 if not isinstance(schema, dict):
                     raise ValueError(f"{where} must be a JSON schema object, got {type(schema).__name__}")
                 _check_schema(schema, where)
-                return xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=not self.disable_any_whitespace)
+                return xgr.Grammar.from_json_schema(json.dumps(schema), **self._whitespace())
             if kind == "json_object":
                 if self.json_object is not True:
                     raise ValueError(f"{where} must be True or None, got {self.json_object!r}")
-                return xgr.Grammar.builtin_json_grammar()
+                # OpenAI's json_object: a JSON object (xgrammar's builtin JSON grammar allows any value).
+                return xgr.Grammar.from_json_schema('{"type": "object"}', **self._whitespace())
             if kind == "regex":
                 if not isinstance(self.regex, str) or not self.regex:
                     raise ValueError(f"{where} must be a non-empty string, got {self.regex!r}")
