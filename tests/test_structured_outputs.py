@@ -13,13 +13,24 @@ import re
 
 import pytest
 import torch
-from structured_cases import CHOICES, EBNF, REGEXES, SCHEMAS, json_problem, parses_ebnf
-from tiny import greedy_continuation, real_tokenizer, run_all, text_model, tiny_config, tiny_engine, tiny_model, trained_tiny_drafter
+from structured_cases import qwen05_local, CHOICES, EBNF, REGEXES, SCHEMAS, json_problem, parses_ebnf
+from tiny import (
+    greedy_continuation,
+    real_tokenizer,
+    run_all,
+    text_model,
+    tiny_config,
+    tiny_engine,
+    tiny_model,
+    trained_tiny_drafter,
+)
 
 from verispec.core.faults import Faults
 from verispec.sampling_params import SamplingParams, StructuredOutputsParams
 
 pytest.importorskip("xgrammar")
+pytest.importorskip("jsonschema")
+pytestmark = pytest.mark.skipif(not qwen05_local(), reason="needs the cached qwen2.5-coder-0.5b-instruct tokenizer")
 
 VOCAB = 151936
 

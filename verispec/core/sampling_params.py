@@ -6,6 +6,7 @@ import dataclasses
 import enum
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+
 from verispec.core.structured import StructuredOutputsParams
 
 __all__ = ["RequestOutputKind", "SamplingParams", "StructuredOutputsParams", "any_params", "with_output_kind"]
