@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 from server_util import ServerThread
-from structured_cases import qwen05_local, SCHEMAS, json_problem
+from structured_cases import SCHEMAS, json_problem, qwen05_local
 from tiny import real_tokenizer, text_model, tiny_engine
 
 from verispec.sampling_params import SamplingParams, StructuredOutputsParams

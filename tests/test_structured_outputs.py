@@ -13,7 +13,7 @@ import re
 
 import pytest
 import torch
-from structured_cases import qwen05_local, CHOICES, EBNF, REGEXES, SCHEMAS, json_problem, parses_ebnf
+from structured_cases import CHOICES, EBNF, REGEXES, SCHEMAS, json_problem, parses_ebnf, qwen05_local
 from tiny import (
     greedy_continuation,
     real_tokenizer,
