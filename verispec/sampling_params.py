@@ -2,6 +2,12 @@
 import SamplingParams`. The definitions live in the leaf package (verispec/core/sampling_params.py)
 because every layer reads them."""
 
-from verispec.core.sampling_params import RequestOutputKind, SamplingParams, any_params, with_output_kind
+from verispec.core.sampling_params import (
+    RequestOutputKind,
+    SamplingParams,
+    StructuredOutputsParams,
+    any_params,
+    with_output_kind,
+)
 
-__all__ = ["RequestOutputKind", "SamplingParams", "any_params", "with_output_kind"]
+__all__ = ["RequestOutputKind", "SamplingParams", "StructuredOutputsParams", "any_params", "with_output_kind"]

@@ -11,6 +11,7 @@ VERISPEC_DEBUG_STALE once, when an engine is built. The bug classes:
 - miscount_rejected: the acceptance counters count a rejected position as accepted.
 - stale_graph_metadata: a CUDA-graph replay skips refreshing the attention metadata (the static
   seq_lens keep the previous replay's values; vLLM #38311's class).
+- unmasked_verify: a constrained request's drafts are verified without its grammar mask.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from verispec.core import envs
 from verispec.core.placeholder import PLACEHOLDER, StaleMirrorError
 
 KNOWN = ("stale_host_draft", "row_by_position", "placeholder_leak", "early_prefix_publish", "miscount_rejected",
-         "stale_graph_metadata")
+         "stale_graph_metadata", "unmasked_verify")
 
 
 @dataclass(frozen=True)

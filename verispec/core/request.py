@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass, field
+from typing import Any
 
 from verispec.core.counters import SpecCounters
 from verispec.core.sampling_params import SamplingParams
@@ -59,6 +60,9 @@ class Request:
     pending_stop: bool = False
     parent_id: str | None = None
     index: int = 0
+    # Structured outputs: the sequence's grammar matcher (worker/grammar.RequestGrammar), on the host;
+    # its state follows the committed output tokens (the engine advances it in commit). None: free text.
+    grammar: Any = None
 
     @property
     def num_prompt_tokens(self) -> int:

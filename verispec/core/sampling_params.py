@@ -7,6 +7,10 @@ import enum
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from verispec.core.structured import StructuredOutputsParams
+
+__all__ = ["RequestOutputKind", "SamplingParams", "StructuredOutputsParams", "any_params", "with_output_kind"]
+
 
 class RequestOutputKind(enum.Enum):
     """Which RequestOutputs LLMEngine.step() returns for a request (vLLM's name)."""
@@ -37,6 +41,10 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    # {token id: bias} added to the logits of every row the request samples or verifies (OpenAI's range).
+    logit_bias: dict[int, float] | None = None
+    # A grammar the output must follow (JSON schema, regex, EBNF, choice); compiled (checked) here.
+    structured_outputs: StructuredOutputsParams | None = None
     extra: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -96,6 +104,15 @@ class SamplingParams:
             bad("logprobs", "must be None or an integer in [0, 20]")
         if not isinstance(self.output_kind, RequestOutputKind):
             bad("output_kind", "must be a RequestOutputKind")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict) or not all(
+                is_int(t) and t >= 0 and is_num(b) and -100.0 <= b <= 100.0 for t, b in self.logit_bias.items()
+            ):
+                bad("logit_bias", "must be a dict of token id (integer >= 0) to bias in [-100, 100]")
+        if self.structured_outputs is not None:
+            if not isinstance(self.structured_outputs, StructuredOutputsParams):
+                bad("structured_outputs", "must be a StructuredOutputsParams")
+            self.structured_outputs.validate()  # compiles the grammar: a bad one raises now, naming the problem
 
     @property
     def greedy(self) -> bool:
@@ -104,6 +121,12 @@ class SamplingParams:
     @property
     def needs_penalties(self) -> bool:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
+    @property
+    def needs_logit_processing(self) -> bool:
+        """True when the verifier changes this request's logits beyond min_tokens: penalties, a
+        logit bias or a grammar mask."""
+        return self.needs_penalties or bool(self.logit_bias) or self.structured_outputs is not None
 
 
 def with_output_kind(params: list[SamplingParams], kind: RequestOutputKind) -> list[SamplingParams]:

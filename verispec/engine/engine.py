@@ -29,6 +29,7 @@ from verispec.engine.scheduler import Scheduler
 from verispec.outputs import CompletionOutput, RequestOutput
 from verispec.spec_decode.policy import SpeculationPolicy
 from verispec.spec_decode.proposer import Proposal
+from verispec.worker.grammar import GrammarBackend, RequestGrammar
 from verispec.worker.step import StepResult
 
 
@@ -117,6 +118,9 @@ class LLMEngine:
         self.inflight = None
         self.audit_mismatches = 0
         self.num_audited_steps = 0
+        # Structured outputs: built on the first constrained request (xgrammar is imported then).
+        self._grammars: GrammarBackend | None = None
+        self.num_grammar_refused_tokens = 0  # emitted tokens a grammar refused: a bug if ever > 0
         if config.gc_freeze:  # last: everything the engine keeps is built by now
             freeze_gc()
 
@@ -148,6 +152,8 @@ class LLMEngine:
                 f"prompt is {len(ids)} tokens, but the context (max_model_len) is {self.max_model_len}: "
                 f"at most {self.max_model_len - 1} prompt tokens leave room to generate"
             )
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            raise ValueError(f"SamplingParams.logit_bias has token id {max(params.logit_bias)}, outside [0, {vocab})")
         eos = frozenset(self.tokenizer.eos_token_ids)
         seqs = []
         for i in range(params.n):
@@ -155,7 +161,8 @@ class LLMEngine:
             if params.n > 1 and params.seed is not None:
                 sp = SamplingParams(**{**params.__dict__, "seed": params.seed + i, "n": 1})
             sid = request_id if params.n == 1 else f"{request_id}#{i}"
-            seqs.append(Request(sid, list(ids), sp, eos, parent_id=request_id, index=i))
+            seqs.append(Request(sid, list(ids), sp, eos, parent_id=request_id, index=i,
+                                grammar=self._request_grammar(params)))
         detoks = [
             IncrementalDetokenizer(
                 self.tokenizer, ids, skip_special_tokens=params.skip_special_tokens, stop=params.stop,
@@ -171,6 +178,15 @@ class LLMEngine:
             self.seq_to_group[s.request_id] = g
             self.scheduler.add(s)
         self.num_prompt_tokens += len(ids)
+
+    def _request_grammar(self, params: SamplingParams) -> RequestGrammar | None:
+        """A fresh grammar matcher for one sequence of a constrained request (None for free text)."""
+        if params.structured_outputs is None:
+            return None
+        if self._grammars is None:
+            tok = self.tokenizer
+            self._grammars = GrammarBackend(tok.grammar_vocab(), self.model_config.vocab_size, sorted(tok.eos_token_ids))
+        return self._grammars.request_grammar(params.structured_outputs)
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request now and free its blocks (no-op if unknown or already finished)."""
@@ -228,9 +244,10 @@ class LLMEngine:
         return outputs
 
     def _needs_host_values(self) -> bool:
-        """Penalties read token values on the host (outputs and the drafts before each verified
-        position): such steps wait for the values first."""
-        return any_params((r.params for r in self.scheduler.running), lambda p: p.needs_penalties)
+        """Penalties and grammar masks read token values on the host (outputs and the drafts before
+        each verified position): such steps wait for the values first."""
+        return any_params((r.params for r in self.scheduler.running),
+                          lambda p: p.needs_penalties or p.structured_outputs is not None)
 
     def _collect_drafts(self) -> None:
         """Fill the PLACEHOLDER mirrors of device drafts (Request.spec_token_ids) with their
@@ -318,6 +335,8 @@ class LLMEngine:
                 if logprobs and rid in logprobs:
                     req.logprobs.extend(logprobs[rid][: len(new)])
             if new:
+                if req.grammar is not None:
+                    self._advance_grammar(req, new)
                 self._add_text(g, req, new)
             if req.finish_reason is not None and req.status is not finished:
                 if latest and req.finish_reason == "stop" and sampled is not None and not self.scheduler.length_reached(
@@ -329,6 +348,15 @@ class LLMEngine:
         self.num_audited_steps += result.audited
         self.audit_mismatches += result.audit_mismatches
         return touched
+
+    def _advance_grammar(self, req: Request, new: list[int]) -> None:
+        """Move a constrained sequence's matcher over its emitted tokens; a terminated grammar (its
+        stop token accepted) finishes the sequence with "stop"."""
+        before = req.grammar.num_refused
+        terminated = req.grammar.advance(new)
+        self.num_grammar_refused_tokens += req.grammar.num_refused - before
+        if terminated and req.finish_reason is None:
+            req.finish_reason = "stop"
 
     def _add_text(self, g: _Group, req: Request, new: list[int]) -> None:
         """Count and detokenize a sequence's new tokens; a stop string finishes it."""
@@ -494,4 +522,5 @@ class LLMEngine:
             "num_steps": self.num_steps,
             "spec_decode_audit_mismatches": self.audit_mismatches,
             "spec_decode_audited_steps": self.num_audited_steps,
+            "structured_output_refused_tokens": self.num_grammar_refused_tokens,
         }

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from verispec.sampling_params import SamplingParams
+from verispec.sampling_params import SamplingParams, StructuredOutputsParams
 
 MAX_N = 16
 MAX_STOP = 16
@@ -44,6 +44,39 @@ Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 StopList = Annotated[list[Annotated[str, Field(min_length=1, max_length=MAX_STOP_LEN)]], Field(max_length=MAX_STOP)]
 
 
+class JsonSchemaFormat(BaseModel):
+    """response_format.json_schema: OpenAI's named schema."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str = "response"
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's response_format: free text, any JSON object, or JSON following a schema."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsBody(BaseModel):
+    """vLLM's `structured_outputs` extra field (the same names as StructuredOutputsParams)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+
+
 class _Sampling(BaseModel):
     """Fields shared by completions and chat completions."""
 
@@ -70,6 +103,60 @@ class _Sampling(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # {token id (as a string, OpenAI's form): bias in [-100, 100]}
+    logit_bias: dict[str, float] | None = None
+    # Structured outputs: OpenAI's response_format, vLLM's structured_outputs and its older guided_* fields.
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsBody | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+
+    def structured_params(self) -> StructuredOutputsParams | None:
+        """The request's one grammar constraint (None: free text). Raises APIError (400) naming the
+        field when more than one is given or the schema / regex / grammar is bad."""
+        given: list[tuple[str, dict[str, Any]]] = []
+        rf = self.response_format
+        if rf is not None and rf.type == "json_object":
+            given.append(("response_format", {"json_object": True}))
+        elif rf is not None and rf.type == "json_schema":
+            if rf.json_schema is None or rf.json_schema.json_schema is None:
+                raise APIError(400, "response_format.json_schema.schema is required for type json_schema",
+                               param="response_format")
+            given.append(("response_format", {"json": rf.json_schema.json_schema}))
+        if self.structured_outputs is not None:
+            so = self.structured_outputs
+            given.append(("structured_outputs", {"json": so.json_, "regex": so.regex, "choice": so.choice,
+                                                 "grammar": so.grammar, "json_object": so.json_object,
+                                                 "disable_any_whitespace": so.disable_any_whitespace}))
+        for name, key in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
+                          ("guided_grammar", "grammar")):
+            if getattr(self, name) is not None:
+                given.append((name, {key: getattr(self, name)}))
+        if not given:
+            return None
+        if len(given) > 1:
+            raise APIError(400, f"give at most one structured-output constraint, got {[n for n, _ in given]}",
+                           param=given[1][0])
+        name, kw = given[0]
+        try:
+            return StructuredOutputsParams(**kw)
+        except ValueError as e:
+            raise APIError(400, f"{name}: {e}", param=name) from None
+
+    def engine_logit_bias(self) -> dict[int, float] | None:
+        """logit_bias with integer keys. Raises APIError (400) for a key that is not a token id."""
+        if self.logit_bias is None:
+            return None
+        out: dict[int, float] = {}
+        for k, v in self.logit_bias.items():
+            try:
+                tid = int(k)
+            except ValueError:
+                raise APIError(400, f"logit_bias keys must be token ids, got {k!r}", param="logit_bias") from None
+            out[tid] = v
+        return out
 
     def include_usage(self) -> bool:
         """Whether a streamed response ends with a usage chunk."""
@@ -103,6 +190,7 @@ class _Sampling(BaseModel):
             stop=self.stop, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,
             logprobs=self.engine_logprobs(), skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
+            logit_bias=self.engine_logit_bias(), structured_outputs=self.structured_params(),
         )
         for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                      "repetition_penalty"):

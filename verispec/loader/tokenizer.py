@@ -218,6 +218,12 @@ class Tokenizer:
         self._check_ids(ids)
         return [self._tok.id_to_token(i) for i in ids]
 
+    def grammar_vocab(self) -> list[str]:
+        """Every id's byte-level spelling, with "" for special tokens (never text): the vocabulary a
+        grammar matcher walks (xgrammar's BYTE_LEVEL encoding)."""
+        special = {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
+        return ["" if i in special else (self._tok.id_to_token(i) or "") for i in range(self.vocab_size)]
+
     def token_to_id(self, token: str) -> int | None:
         """Id of a vocabulary spelling, or None."""
         return self._tok.token_to_id(token)

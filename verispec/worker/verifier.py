@@ -1,8 +1,8 @@
 """The verifier: a step's logits and drafts in, its packed result out. The one object that decides
 which tokens a step emits (the runner hands it the logits; nothing else samples for the target).
 
-It owns, in the order a step runs them: min_tokens masking and repetition / presence / frequency
-penalties (in place on the logits), greedy verification, rejection sampling with each request's own
+It owns, in the order a step runs them: min_tokens masking, logit_bias, repetition / presence /
+frequency penalties and grammar masks (in place on the logits), greedy verification, rejection sampling with each request's own
 generator (sampling_keys.RequestGenerators), the runtime acceptance audit, and (after collect) the
 logprobs. Everything before collect runs on the device without a host sync.
 
@@ -36,6 +36,7 @@ from verispec.core.faults import NO_FAULTS, Faults
 from verispec.core.placeholder import PLACEHOLDER
 from verispec.core.sampling_params import any_params
 from verispec.core.scheduler_output import ScheduledRequest
+from verispec.worker.grammar import apply_bitmask, bitmask_rows
 from verispec.worker.inputs import to_device
 from verispec.worker.sampler import (
     RowParams,
@@ -143,21 +144,26 @@ def apply_penalties(
 
 
 def mask_and_penalize(logits: torch.Tensor, sampling: Sampling, faults: Faults = NO_FAULTS) -> None:
-    """min_tokens (no EOS / stop ids before it) and repetition/presence/frequency penalties, in
-    place. Row j of a request stands for output index len(output) + j; drafts before it count."""
+    """min_tokens (no EOS / stop ids before it), logit_bias, repetition/presence/frequency penalties
+    and the grammar mask, in place. Row j of a request stands for output index len(output) + j;
+    drafts before it count (for the grammar: row j is masked by the matcher state after drafts
+    0..j-1, worker/grammar.py)."""
     pen_rows, pen_prompt, pen_out, pres, freq, rep = [], [], [], [], [], []
-    plain = None  # the last params seen with no min_tokens and no penalties (often shared by all)
+    plain = None  # the last params seen with nothing to do (often shared by all)
     for s, r0 in sampling:
         req = s.request
         p = req.params
         if p is plain:
             continue
-        if p.min_tokens == 0 and not p.needs_penalties:
+        if p.min_tokens == 0 and not p.needs_logit_processing:
             plain = p
             continue
-        if len(req.output_token_ids) >= p.min_tokens and not p.needs_penalties:
+        if len(req.output_token_ids) >= p.min_tokens and not p.needs_logit_processing:
             continue  # the common case: nothing to mask or penalize in any of its rows
-        for j in range(s.num_draft_tokens + 1):
+        k = s.num_draft_tokens
+        if p.logit_bias:
+            _add_logit_bias(logits, r0, k + 1, p.logit_bias)
+        for j in range(k + 1):
             n_out = len(req.output_token_ids) + j
             if n_out < p.min_tokens:
                 banned = list(p.stop_token_ids) + ([] if p.ignore_eos else list(req.eos_token_ids))
@@ -165,7 +171,7 @@ def mask_and_penalize(logits: torch.Tensor, sampling: Sampling, faults: Faults =
                 if banned:
                     logits[r0 + j].index_fill_(0, to_device(banned, torch.long, logits.device), float("-inf"))
             if p.needs_penalties:
-                drafts = faults.check_fresh(req.spec_token_ids[: s.num_draft_tokens], "spec_token_ids")
+                drafts = faults.check_fresh(req.spec_token_ids[:k], "spec_token_ids")
                 pen_rows.append(r0 + j)
                 pen_prompt.append(req.prompt_token_ids)
                 pen_out.append(faults.check_fresh(req.output_token_ids, "output_token_ids") + drafts[:j])
@@ -175,6 +181,31 @@ def mask_and_penalize(logits: torch.Tensor, sampling: Sampling, faults: Faults =
     if pen_rows:
         apply_penalties(logits, pen_rows, pen_prompt, pen_out, pres, freq, rep)
         torch.nan_to_num_(logits, nan=float("-inf"), posinf=torch.finfo(logits.dtype).max)
+    _mask_grammar(logits, sampling, faults)
+
+
+def _add_logit_bias(logits: torch.Tensor, r0: int, num_rows: int, bias: dict[int, float]) -> None:
+    """logits[r0 : r0 + num_rows, t] += bias[t] (ids past the logits were refused at add_request)."""
+    ids = to_device(list(bias), torch.long, logits.device)
+    vals = to_device(list(bias.values()), logits.dtype, logits.device)
+    logits[r0 : r0 + num_rows].index_add_(1, ids, vals[None, :].expand(num_rows, -1).contiguous())
+
+
+def _mask_grammar(logits: torch.Tensor, sampling: Sampling, faults: Faults) -> None:
+    """The grammar mask of every constrained request's rows, from its host matcher walked through
+    its drafts (their host values: the engine collects them before such steps). With the
+    unmasked_verify fault, the planted bug: rows of a step with drafts are left unmasked."""
+    for s, r0 in sampling:
+        req = s.request
+        if req.grammar is None:
+            continue
+        k = s.num_draft_tokens
+        if k and faults.active("unmasked_verify"):
+            continue
+        drafts = faults.check_fresh(req.spec_token_ids[:k], "spec_token_ids") if k else []
+        bitmask = req.grammar.backend.new_bitmask(k + 1)
+        bitmask_rows(req.grammar.matcher, drafts, bitmask)
+        apply_bitmask(logits, list(range(r0, r0 + k + 1)), bitmask)
 
 
 def all_greedy(sampling: Sampling) -> bool:
