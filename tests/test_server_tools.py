@@ -53,7 +53,8 @@ def test_tools_are_rendered_into_the_prompt_and_none_leaves_them_out(tiny_client
 
 @pytest.mark.parametrize("choice", ["auto", "required", {"type": "function", "function": {"name": "add"}}])
 def test_every_tool_choice_answers_a_well_formed_message(tiny_client, choice):
-    """Random weights write no call; whatever they write comes back as a valid OpenAI message."""
+    """Random weights (constrained for required / named, free for auto): whatever they write comes back
+    as a valid OpenAI message."""
     r = tiny_client.chat.completions.create(model="tiny", messages=ASK, tools=[WEATHER, ADD], tool_choice=choice,
                                             max_tokens=8, temperature=0)
     c = r.choices[0]
@@ -144,3 +145,20 @@ def test_real_model_tool_result_round_trip(real):
     assert (c.finish_reason == "tool_calls") == bool(c.message.tool_calls)
     assert c.message.tool_calls or c.message.content
     assert all(name == "add" for name, _ in _calls(c.message))
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "add"}}])
+def test_real_model_required_and_named_calls_follow_the_schema(real, choice):
+    """tool_choice "required" or a named function constrains the call by the function's JSON schema
+    (structured outputs): even for a prompt that asks for no tool, the answer is a call whose arguments
+    validate against the function's parameters."""
+    jsonschema = pytest.importorskip("jsonschema")
+    r = real.chat.completions.create(model="qwen", messages=[{"role": "user", "content": "Hello! How are you?"}],
+                                     tools=[WEATHER, ADD], tool_choice=choice, temperature=0, max_tokens=60)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls", c
+    [(name, args)] = _calls(c.message)
+    if isinstance(choice, dict):
+        assert name == "add"
+    schema = {"get_weather": WEATHER, "add": ADD}[name]["function"]["parameters"]
+    jsonschema.validate(args, schema)

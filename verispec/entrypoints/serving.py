@@ -202,10 +202,10 @@ class OpenAIServing:
         """Queue the request in the engine; ValueError from the engine becomes a 400."""
         params = req.to_sampling_params(len(prep.prompt_token_ids), self.engine.max_model_len,
                                         None if prep.chat else 16)
-        constraint = tool_structured_outputs(prep.tools)  # None until structured outputs are merged
-        if constraint is not None:
-            params = dataclasses.replace(params, structured_outputs=constraint)
         try:
+            constraint = tool_structured_outputs(prep.tools)  # "required" / a named function: its JSON schema
+            if constraint is not None:
+                params = dataclasses.replace(params, structured_outputs=constraint)
             return await self.aengine.add(prep.request_id, prep.prompt, params, prep.prompt_token_ids)
         except ValueError as e:
             raise APIError(400, str(e), param="messages" if prep.chat else "prompt") from None

@@ -9,7 +9,7 @@ messages with `tool_calls`) and their results (`role: "tool"` messages) are rend
 - "auto" (the default with tools): the model decides; `<tool_call>` blocks in its text become `tool_calls`;
 - "required" / a named function: the assistant turn is started for the model (`assistant_prefix`) with
   `<tool_call>\\n` (and, for a named function, `{"name": "NAME", "arguments": `), so it writes a call. The
-  rest should be constrained by the function's JSON schema: `tool_structured_outputs` is the hook that
+  rest is constrained by the function's JSON schema: `tool_structured_outputs` builds the constraint that
   builds that constraint once structured outputs land (see its docstring).
 """
 
@@ -147,18 +147,14 @@ def tool_constraint_schema(plan: ToolPlan) -> dict[str, Any] | None:
 
 
 def tool_structured_outputs(plan: ToolPlan) -> Any | None:
-    """HOOK, to wire at the merge with structured outputs (branch h1): the constraint for
-    `SamplingParams.structured_outputs` when tool_choice is "required" or a named function.
+    """The constraint for `SamplingParams.structured_outputs` when tool_choice is "required" or a named
+    function: the function's JSON schema (tool_constraint_schema); None otherwise. A bad schema raises
+    ValueError, which serving turns into a 400. The parser reads either form: the closed `<tool_call>`
+    block the model writes freely, or the bare JSON the constraint leaves."""
+    from verispec.sampling_params import StructuredOutputsParams
 
-    Once `verispec.sampling_params.StructuredOutputsParams` exists this becomes
-
-        schema = tool_constraint_schema(plan)
-        return None if schema is None else StructuredOutputsParams(json=schema)
-
-    (a bad schema then raises ValueError, which serving turns into a 400). Until then it returns None and the
-    assistant prefix alone steers the model into the call; the parser reads either form: the closed
-    `<tool_call>` block the model writes freely, or the bare JSON the constraint would leave."""
-    return None
+    schema = tool_constraint_schema(plan)
+    return None if schema is None else StructuredOutputsParams(json=schema)
 
 
 # ---- the response ------------------------------------------------------------------------------------------
