@@ -66,8 +66,8 @@ class OpenAIServing:
 
     async def _encode(self, text: str) -> list[int]:
         if len(text) > _THREAD_ENCODE_CHARS:
-            return await asyncio.to_thread(self.tokenizer.encode, text)
-        return self.tokenizer.encode(text)
+            return await asyncio.to_thread(self.tokenizer.encode_prompt, text)
+        return self.tokenizer.encode_prompt(text)
 
     async def prepare(self, req: CompletionRequest | ChatCompletionRequest) -> Prepared:
         """Validate model and prompt, render the chat template, tokenize. Raises APIError."""
