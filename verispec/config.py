@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
+# The architectures verispec runs (models/build.py maps each to its module class).
+ARCHITECTURES = ("qwen2", "llama", "qwen3", "gemma3")
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
 SPEC_METHODS = ("ngram", "draft_model", "self", "dflash")
 # The commands whose flags are made from EngineConfig's fields (entrypoints/args.py).

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from verispec.config import ModelConfig
+from verispec.config import ARCHITECTURES, ModelConfig
 
 _MAGIC = b"GGUF"
 _SUPPORTED_VERSIONS = (2, 3)
@@ -29,7 +29,7 @@ _SCALARS: dict[int, tuple[str, str]] = {
     10: ("<Q", "<u8"), 11: ("<q", "<i8"), 12: ("<d", "<f8"),
 }
 _STRING, _ARRAY, _BOOL, _FLOAT32 = 8, 9, 7, 6
-SUPPORTED_ARCHS = ("qwen2", "llama", "qwen3", "gemma3")
+SUPPORTED_ARCHS = ARCHITECTURES
 _U64 = struct.Struct("<Q")
 # Parsed headers (version, metadata, data offset, tensors) by (path, size, mtime_ns): read-only.
 _PARSED: dict[tuple[str, int, int], tuple[int, dict[str, Any], int, dict[str, Any]]] = {}
