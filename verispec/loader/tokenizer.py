@@ -46,7 +46,10 @@ _SPLITS: dict[str, tuple[str, bool]] = {  # pre name -> (regex, ignore_merges)
     "smaug-bpe": (_LLAMA3_SPLIT, True),
     "gpt-2": (_GPT2_SPLIT, False),
     "default": (_GPT2_SPLIT, False),
+    "smollm": (_GPT2_SPLIT, False),
 }
+# llama.cpp splits every digit off first for these (SmolLM2's tokenizer.json: Digits(individual_digits)).
+_DIGITS_FIRST = frozenset({"smollm"})
 _CONTROL, _USER_DEFINED = 3, 4
 # Texts llama.cpp also treats as end of generation when they are in the vocabulary.
 _END_OF_TURN_TEXTS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>")
@@ -116,8 +119,10 @@ class Tokenizer:
         tok = _HFTokenizer(
             models.BPE(vocab=vocab, merges=merges, ignore_merges=ignore_merges, fuse_unk=False)
         )
+        digits = [pre_tokenizers.Digits(individual_digits=True)] if pre in _DIGITS_FIRST else []
         tok.pre_tokenizer = pre_tokenizers.Sequence(
             [
+                *digits,
                 pre_tokenizers.Split(Regex(split), behavior="isolated"),
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
             ]
