@@ -173,10 +173,13 @@ def test_chat_template_and_end_of_turn(gemma_path):
 
 
 def gemma_engine(llm, spec: dict | None, **kw) -> LLMEngine:
+    """An engine on the session's loaded model; a draft_model spec drafts with that same model."""
+    model = llm.engine.parts.model
+    draft = (llm.tokenizer, model.config, model) if spec and spec["method"] == "draft_model" else None
     defaults = dict(model="gemma-3-270m", device="cpu", dtype="float32", max_num_batched_tokens=48,
                     num_gpu_blocks=24, block_size=16, gc_freeze=False, async_scheduling=False, max_model_len=1024)
     cfg = EngineConfig(**{**defaults, **kw}, speculative_config=SpeculativeConfig.from_dict(spec))
-    parts = assemble_parts(cfg, llm.tokenizer, llm.engine.parts.model, torch.device("cpu"), torch.float32)
+    parts = assemble_parts(cfg, llm.tokenizer, model, torch.device("cpu"), torch.float32, draft_model=draft)
     return LLMEngine(cfg, parts)
 
 
@@ -192,10 +195,11 @@ def run(eng: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> lis
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["ngram", "self"])
+@pytest.mark.parametrize("method", ["ngram", "self", "draft_model"])
 def test_speculative_decoding_is_lossless(llm_gemma, method):
-    """ngram and self speculation on Gemma 3 give plain greedy decoding's tokens, with the window
-    shrunk to 8 so that drafts are verified across the window edge; self accepts every draft."""
+    """ngram, self and draft_model speculation (the draft model: gemma-3-270m itself, the one Gemma in
+    the registry) on Gemma 3 give plain greedy decoding's tokens, with the window shrunk to 8 so that
+    drafts are verified across the window edge; self and the same-model draft accept every draft."""
     tok = llm_gemma.tokenizer
     prompts = [tok.encode_prompt(p) for p in ("def fibonacci(n):\n    if n < 2:\n        return n\n", "1, 2, 3, 4, 5,")]
     params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
@@ -205,12 +209,13 @@ def test_speculative_decoding_is_lossless(llm_gemma, method):
         a.window = 8
     try:
         base = run(gemma_engine(llm_gemma, None, enable_prefix_caching=False), prompts, params)
-        spec = {"method": method, "num_speculative_tokens": 3, **({"prompt_lookup_max": 3} if method == "ngram" else {})}
+        extra = {"ngram": {"prompt_lookup_max": 3}, "draft_model": {"model": "gemma-3-270m"}}.get(method, {})
+        spec = {"method": method, "num_speculative_tokens": 3, **extra}
         eng = gemma_engine(llm_gemma, spec)
         assert run(eng, prompts, params) == base
         m = eng.get_metrics()
         assert m["spec_decode_num_drafts"] > 0
-        if method == "self":
+        if method != "ngram":
             assert m["spec_decode_num_accepted_tokens"] == m["spec_decode_num_draft_tokens"], m
     finally:
         for a in layers:
