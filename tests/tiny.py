@@ -132,11 +132,11 @@ def trained_tiny_drafter(model: CausalLM, seqs: list[tuple[list[int], list[int]]
     return d.requires_grad_(False).eval(), samples
 
 
-def metadata_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta, scale: float) -> torch.Tensor:
+def metadata_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta, scale: float, window: int = 0) -> torch.Tensor:
     """triton_attention's contract in plain torch, reading only the metadata tensors (so, unlike
     reference_attention, it can back a CudaGraphRunner(capture=False); fast on CPU): query i of a
     sequence with q_len queries sees context positions [0, seq_len - q_len + i]; a query with no
-    visible key gets zeros."""
+    visible key gets zeros; window > 0 also masks keys at positions <= query position - window."""
     out = torch.zeros_like(q)
     qsl, lens = meta.query_start_loc.tolist(), meta.seq_lens.tolist()
     bs, rep = meta.block_size, q.shape[1] // kv_cache.shape[2]
@@ -149,7 +149,10 @@ def metadata_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta, scale: flo
         k, v = (kv_cache[i][slots].float().repeat_interleave(rep, dim=1) for i in (0, 1))
         s = torch.einsum("qhd,lhd->hql", q[t0:t1].float(), k) * scale
         qpos = sl - (t1 - t0) + torch.arange(t1 - t0, device=q.device)
-        s = s.masked_fill(pos[None, None, :] > qpos[None, :, None], float("-inf"))
+        hidden = pos[None, None, :] > qpos[None, :, None]
+        if window:
+            hidden |= pos[None, None, :] <= qpos[None, :, None] - window
+        s = s.masked_fill(hidden, float("-inf"))
         p = torch.nan_to_num(torch.softmax(s, -1), nan=0.0)  # rows without a visible key: zeros
         out[t0:t1] = torch.einsum("hql,lhd->qhd", p, v).to(q.dtype)
     return out
@@ -166,5 +169,5 @@ class MetadataBackend(ReferenceBackend):
     def prepare_metadata(self, *args, **kwargs):
         return {}
 
-    def forward(self, q, kv_cache, meta, scale, prefetch=None):
-        return metadata_attention(q, kv_cache, meta, scale)
+    def forward(self, q, kv_cache, meta, scale, prefetch=None, window=0):
+        return metadata_attention(q, kv_cache, meta, scale, window)

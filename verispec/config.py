@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
+# The architectures verispec runs (models/build.py maps each to its module class).
+ARCHITECTURES = ("qwen2", "llama", "qwen3", "gemma3")
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
 SPEC_METHODS = ("ngram", "draft_model", "self", "dflash")
 # The commands whose flags are made from EngineConfig's fields (entrypoints/args.py).
@@ -19,9 +21,9 @@ COMMANDS = ("generate", "serve", "bench")
 
 @dataclass
 class ModelConfig:
-    """Architecture of a decoder-only transformer in the Qwen2 / Llama / Qwen3 family."""
+    """Architecture of a decoder-only transformer: the Qwen2 / Llama / Qwen3 family and Gemma 3."""
 
-    arch: str  # "qwen2" | "llama" | "qwen3"
+    arch: str  # "qwen2" | "llama" | "qwen3" | "gemma3"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -38,6 +40,19 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     name: str = ""
+    # Gemma 3 (models/gemma3.py); the other architectures leave these at their defaults.
+    sliding_window: int | None = None  # local layers see the last sliding_window positions (None: no local layers)
+    sliding_window_pattern: int = 6  # every pattern-th layer (1-based) is global, the others local
+    rope_local_theta: float = 10_000.0  # rotary base of the local layers
+    query_pre_attn_scalar: float | None = None  # attention scale is its -1/2 power (None: head_dim)
+    final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap) (None: off)
+
+    def layer_windows(self) -> list[int]:
+        """Each layer's sliding window: keys at positions <= query position - window are masked (0: global)."""
+        if self.sliding_window is None:
+            return [0] * self.num_layers
+        p = self.sliding_window_pattern
+        return [0 if p > 0 and (i + 1) % p == 0 else self.sliding_window for i in range(self.num_layers)]
 
     @staticmethod
     def for_arch(arch: str, **kw) -> ModelConfig:
@@ -46,9 +61,10 @@ class ModelConfig:
             "qwen2": dict(qkv_bias=True, qk_norm=False),
             "llama": dict(qkv_bias=False, qk_norm=False),
             "qwen3": dict(qkv_bias=False, qk_norm=True),
+            "gemma3": dict(qkv_bias=False, qk_norm=True, tie_word_embeddings=True, rms_norm_eps=1e-6),
         }
         if arch not in defaults:
-            raise ValueError(f"unsupported architecture {arch!r}; verispec runs qwen2, llama and qwen3")
+            raise ValueError(f"unsupported architecture {arch!r}; verispec runs {', '.join(defaults)}")
         return ModelConfig(arch=arch, **{**defaults[arch], **kw})
 
 

@@ -65,11 +65,13 @@ class AttentionBackend:
         return 0
 
     def forward(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-                prefetch: Regions | None = None) -> torch.Tensor:
+                prefetch: Regions | None = None, window: int = 0) -> torch.Tensor:
         """Paged attention, q [T, H, D] -> [T, H, D]: query i of a sequence with q_len queries sees
         context positions [0, seq_len - q_len + i] (meta.causal False: all of [0, seq_len)), keys
-        below meta.kv_start[b] are invisible, and a query with no visible key gets zeros. prefetch:
-        weight regions the launch may ask L2 for (a hint; backends may ignore it)."""
+        below meta.kv_start[b] are invisible, and a query with no visible key gets zeros. window > 0
+        (a layer's sliding window, a per-layer constant): a query at position p also loses the keys at
+        positions <= p - window. prefetch: weight regions the launch may ask L2 for (a hint; backends
+        may ignore it)."""
         raise NotImplementedError
 
     # ---- CUDA graphs -------------------------------------------------------------------------

@@ -30,6 +30,7 @@ def build_reference_indices(
     q_pad = torch.full((num_seqs, max_q), total, dtype=torch.long)
     q_unpad = torch.empty(total, dtype=torch.long)
     mask = torch.zeros(num_seqs, 1, max_q, max_l, dtype=torch.bool)
+    q_pos = torch.zeros(num_seqs, 1, max_q, 1, dtype=torch.long)  # padding rows: position 0 (sees key 0)
     offset = 0
     for b, (ql, sl, table) in enumerate(zip(query_lens, seq_lens, block_tables, strict=True)):
         pos = torch.arange(sl)
@@ -40,9 +41,10 @@ def build_reference_indices(
         qpos = torch.arange(sl - ql, sl) if causal else torch.full((ql,), sl - 1)
         lo = kv_starts[b] if kv_starts is not None else 0
         mask[b, 0, :ql, :sl] = (pos[None, :] <= qpos[:, None]) & (pos[None, :] >= lo)
+        q_pos[b, 0, :ql, 0] = qpos
         mask[b, 0, ql:, 0] = True  # padded query rows attend to one key so softmax stays finite
         offset += ql
-    out = dict(kv_gather_idx=kv_idx, q_pad_idx=q_pad, q_unpad_idx=q_unpad, attn_mask=mask)
+    out = dict(kv_gather_idx=kv_idx, q_pad_idx=q_pad, q_unpad_idx=q_unpad, attn_mask=mask, q_positions=q_pos)
     return {k: v.to(device, non_blocking=True) for k, v in out.items()}
 
 
@@ -57,9 +59,10 @@ def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapp
 
 
 def reference_attention(
-    q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+    q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float, window: int = 0
 ) -> torch.Tensor:
-    """Paged causal attention in plain torch. q: [T, H, D] -> [T, H, D]."""
+    """Paged causal attention in plain torch. q: [T, H, D] -> [T, H, D]. window > 0: a query at
+    position p sees no key at a position <= p - window (a sliding-window layer)."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = kv_cache.shape[2]
     q_ext = torch.cat([q, q.new_zeros(1, num_heads, head_dim)])
@@ -70,7 +73,11 @@ def reference_attention(
         rep = num_heads // num_kv_heads
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
-    out = F.scaled_dot_product_attention(qp, k, v, attn_mask=meta.attn_mask, scale=scale)
+    mask = meta.attn_mask
+    if window > 0:
+        kpos = torch.arange(mask.shape[-1], device=mask.device)
+        mask = mask & (kpos > meta.q_positions - window)
+    out = F.scaled_dot_product_attention(qp, k, v, attn_mask=mask, scale=scale)
     out = out.transpose(1, 2).reshape(-1, num_heads, head_dim)  # [B*Q, H, D]
     return out[meta.q_unpad_idx]
 
@@ -88,5 +95,5 @@ class ReferenceBackend(AttentionBackend):
     def write_kv(self, kv_cache, k, v, slot_mapping) -> None:
         write_kv(kv_cache, k, v, slot_mapping)
 
-    def forward(self, q, kv_cache, meta, scale, prefetch=None):
-        return reference_attention(q, kv_cache, meta, scale)
+    def forward(self, q, kv_cache, meta, scale, prefetch=None, window=0):
+        return reference_attention(q, kv_cache, meta, scale, window)

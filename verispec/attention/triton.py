@@ -52,9 +52,9 @@ class TritonBackend(AttentionBackend):
         return 0
 
     def forward(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-                prefetch: Regions | None = None) -> torch.Tensor:
+                prefetch: Regions | None = None, window: int = 0) -> torch.Tensor:
         return triton_attention(q, kv_cache, meta, scale, num_splits=self.options.attn_num_splits, prefetch=prefetch,
-                                options=self.options)
+                                options=self.options, window=window)
 
     def prepare_for_capture(self, meta: AttentionMetadata) -> None:
         """The launch depends only on shapes and meta's Python values (max_query_len, block_size,

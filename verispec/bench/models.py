@@ -58,6 +58,9 @@ class TokenIdTokenizer:
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         raise ValueError("text prompts need the model's tokenizer: put the GGUF file on this machine")
 
+    def encode_prompt(self, text: str) -> list[int]:
+        return self.encode(text)
+
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return ""
 

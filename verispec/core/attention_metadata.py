@@ -28,3 +28,4 @@ class AttentionMetadata:
     q_pad_idx: torch.Tensor | None = None  # [B, Q] long token index (padding -> T, a zero row)
     q_unpad_idx: torch.Tensor | None = None  # [T] long index into the flattened [B*Q]
     attn_mask: torch.Tensor | None = None  # [B, 1, Q, L] bool, True = may attend
+    q_positions: torch.Tensor | None = None  # [B, 1, Q, 1] long query positions (padding -> 0), for windows

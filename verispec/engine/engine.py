@@ -140,7 +140,7 @@ class LLMEngine:
         if prompt_token_ids is None:
             if not isinstance(prompt, str):
                 raise ValueError("prompt must be a string (or pass prompt_token_ids)")
-            prompt_token_ids = self.tokenizer.encode(prompt)
+            prompt_token_ids = self.tokenizer.encode_prompt(prompt)
         ids = list(prompt_token_ids)
         if not ids:
             raise ValueError("prompt is empty: at least one token is needed")

@@ -35,7 +35,8 @@ def cmd_models(args) -> int:
         size = f"{m['size'] / 2**20:.0f} MiB" if m.get("size") else "?"
         local = "yes" if m.get("path") else "no"
         star = " (default)" if m.get("default") else ""
-        print(f"{m['name']:32} {size:>10}  {local:6} {m['description']}{star}")
+        refused = "" if m.get("runs", True) else f" [not runnable: verispec does not run {m['architecture']!r}]"
+        print(f"{m['name']:32} {size:>10}  {local:6} {m['description']}{star}{refused}")
     return 0
 
 

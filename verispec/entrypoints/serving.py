@@ -164,7 +164,7 @@ class OpenAIServing:
         at_least = self.tokenizer.min_num_tokens(prompt)
         if at_least >= self.engine.max_model_len:
             raise self._too_long(at_least, chat, at_least=True)
-        return prompt, self.tokenizer.encode(prompt)
+        return prompt, self.tokenizer.encode_prompt(prompt)
 
     async def prepare(self, req: CompletionRequest | ChatCompletionRequest) -> Prepared:
         """Validate model and prompt, render the chat template, tokenize. Raises APIError.

@@ -16,6 +16,9 @@ CUDA-graph contract (read this before capturing a graph around these functions):
     drafter's block attends bidirectionally). meta.kv_start [B] (optional): sequence b's keys
     below kv_start[b] are invisible.
   * Tokens whose slot_mapping entry is negative are not written to the cache.
+  * window (a Python int, a per-layer constant, so fixed per captured launch; 0: off): a query at
+    position p sees no key at a position <= p - window (Gemma 3's local layers). The key loop
+    starts at the tile's first visible key, so a local layer reads at most window + BLOCK_Q keys.
 
 Layout: q [T, H, D]; one layer's cache [2, num_slots, KH, D] with slot = block_id * block_size +
 offset. The H / KH query heads sharing a KV head are packed into one tile with the queries, so
@@ -51,11 +54,15 @@ def _tile_slots(bt_ptr, start, lo_key, hi, BLOCK_N: tl.constexpr, PAGE: tl.const
 
 
 @triton.jit
-def _softmax_step(q, kt, n, n_ok, qpos, m_i, l_i, scale_log2, DOT_PREC: tl.constexpr):
+def _softmax_step(q, kt, n, n_ok, qpos, m_i, l_i, scale_log2, DOT_PREC: tl.constexpr, WINDOW: tl.constexpr):
     """The online-softmax update for one tile of keys kt [D, BLOCK_N] at positions n: returns the
-    probabilities p, the rescale factor of the old accumulator, the new running max and sum."""
+    probabilities p, the rescale factor of the old accumulator, the new running max and sum.
+    WINDOW > 0: keys at positions <= qpos - WINDOW are masked too."""
     s = tl.dot(q, kt, input_precision=DOT_PREC) * scale_log2
-    s = tl.where(n_ok[None, :] & (n[None, :] <= qpos[:, None]), s, float("-inf"))
+    visible = n_ok[None, :] & (n[None, :] <= qpos[:, None])
+    if WINDOW > 0:
+        visible = visible & (n[None, :] > qpos[:, None] - WINDOW)
+    s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.exp2(s - m_safe[:, None])
@@ -65,7 +72,7 @@ def _softmax_step(q, kt, n, n_ok, qpos, m_i, l_i, scale_log2, DOT_PREC: tl.const
 
 @triton.jit
 def _attn_tile(q, k_ptr, v_ptr, slot, start, lo_key, hi, qpos, d, m_i, l_i, acc, scale_log2, stride_kvs,
-               BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, EARLY_V: tl.constexpr):
+               BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, EARLY_V: tl.constexpr, WINDOW: tl.constexpr):
     """One BLOCK_N-key step of the online softmax over keys [start, start + BLOCK_N) ∩ [lo_key, hi),
     whose cache slots the caller loaded (one tile ahead, so the block-table read is off the path).
     EARLY_V: issue the V load with the K load (decode / verify, where a program sees few tiles and
@@ -75,7 +82,7 @@ def _attn_tile(q, k_ptr, v_ptr, slot, start, lo_key, hi, qpos, d, m_i, l_i, acc,
     kt = tl.load(k_ptr + slot[None, :] * stride_kvs + d[:, None], mask=n_ok[None, :], other=0.0)
     if EARLY_V:
         v = tl.load(v_ptr + slot[:, None] * stride_kvs + d[None, :], mask=n_ok[:, None], other=0.0)
-    p, alpha, m_new, l_i = _softmax_step(q, kt, n, n_ok, qpos, m_i, l_i, scale_log2, DOT_PREC)
+    p, alpha, m_new, l_i = _softmax_step(q, kt, n, n_ok, qpos, m_i, l_i, scale_log2, DOT_PREC, WINDOW)
     if not EARLY_V:
         v = tl.load(v_ptr + slot[:, None] * stride_kvs + d[None, :], mask=n_ok[:, None], other=0.0)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
@@ -92,7 +99,7 @@ def _attn_kernel(
     NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     DOT_PREC: tl.constexpr, WHILE_LOOP: tl.constexpr, CAUSAL: tl.constexpr, HAS_KV_START: tl.constexpr,
-    EARLY_V: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
+    EARLY_V: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, WINDOW: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
     b = tl.program_id(0)
@@ -135,8 +142,16 @@ def _attn_kernel(
         lo_key = tl.load(kv_start_ptr + b).to(tl.int32)
     else:
         lo_key = 0
-    per_split = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    lo = split * per_split
+    kv_begin = 0
+    if WINDOW > 0:  # the tile's first query sees keys from first_qpos - WINDOW + 1 on; later ones, fewer
+        if CAUSAL:
+            first_qpos = ctx0 + qt * BLOCK_Q
+        else:
+            first_qpos = seq_len - 1
+        kv_begin = tl.maximum(first_qpos - WINDOW + 1, 0)
+        kv_begin = tl.minimum(kv_begin, kv_end)
+    per_split = tl.cdiv(tl.cdiv(kv_end - kv_begin, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    lo = kv_begin + split * per_split
     hi = tl.minimum(lo + per_split, kv_end)
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     slot = _tile_slots(bt_row, lo, lo_key, hi, BLOCK_N, PAGE)
@@ -154,14 +169,14 @@ def _attn_kernel(
         while start < hi:
             nxt = _tile_slots(bt_row, start + BLOCK_N, lo_key, hi, BLOCK_N, PAGE)
             m_i, l_i, acc = _attn_tile(q, k_base, v_base, slot, start, lo_key, hi, qpos, d, m_i, l_i, acc,
-                                       scale_log2, stride_kvs, BLOCK_N, DOT_PREC, EARLY_V)
+                                       scale_log2, stride_kvs, BLOCK_N, DOT_PREC, EARLY_V, WINDOW)
             slot = nxt
             start += BLOCK_N
     else:
         for start in range(lo, hi, BLOCK_N):
             nxt = _tile_slots(bt_row, start + BLOCK_N, lo_key, hi, BLOCK_N, PAGE)
             m_i, l_i, acc = _attn_tile(q, k_base, v_base, slot, start, lo_key, hi, qpos, d, m_i, l_i, acc,
-                                       scale_log2, stride_kvs, BLOCK_N, DOT_PREC, EARLY_V)
+                                       scale_log2, stride_kvs, BLOCK_N, DOT_PREC, EARLY_V, WINDOW)
             slot = nxt
 
     out_rows = out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
@@ -235,9 +250,10 @@ def pick_num_splits(num_programs: int, device: torch.device, programs_per_sm: in
 def triton_attention(
     q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
     num_splits: int | None = None, out: torch.Tensor | None = None, prefetch: Regions | None = None,
-    options: KernelOptions = DEFAULT_OPTIONS,
+    options: KernelOptions = DEFAULT_OPTIONS, window: int = 0,
 ) -> torch.Tensor:
-    """Paged causal attention; q: [T, H, D] -> [T, H, D]. Same contract as reference_attention.
+    """Paged causal attention; q: [T, H, D] -> [T, H, D]. Same contract as reference_attention
+    (window: the layer's sliding window, 0 for a global layer).
 
     num_splits forces the split-K factor (default: from shapes and options.attn_programs_per_sm);
     out: optional output buffer; prefetch: weight regions an extra row of programs asks L2 for
@@ -280,7 +296,7 @@ def triton_attention(
         BLOCK_N=block_n, HEAD_DIM=head_dim, PAGE=meta.block_size, NUM_SPLITS=num_splits,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", WHILE_LOOP=_INTERPRET,
         CAUSAL=meta.causal, HAS_KV_START=meta.kv_start is not None, EARLY_V=meta.max_query_len <= 16,
-        PREFETCH=pf is not None, num_warps=4, num_stages=3, **launch_kwargs(q.device, options.pdl),
+        PREFETCH=pf is not None, WINDOW=int(window), num_warps=4, num_stages=3, **launch_kwargs(q.device, options.pdl),
     )
     if num_splits > 1:
         _combine_kernel[(num_tokens, num_heads)](

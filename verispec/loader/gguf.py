@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from verispec.config import ModelConfig
+from verispec.config import ARCHITECTURES, ModelConfig
 
 _MAGIC = b"GGUF"
 _SUPPORTED_VERSIONS = (2, 3)
@@ -29,7 +29,7 @@ _SCALARS: dict[int, tuple[str, str]] = {
     10: ("<Q", "<u8"), 11: ("<q", "<i8"), 12: ("<d", "<f8"),
 }
 _STRING, _ARRAY, _BOOL, _FLOAT32 = 8, 9, 7, 6
-SUPPORTED_ARCHS = ("qwen2", "llama", "qwen3")
+SUPPORTED_ARCHS = ARCHITECTURES
 _U64 = struct.Struct("<Q")
 # Parsed headers (version, metadata, data offset, tensors) by (path, size, mtime_ns): read-only.
 _PARSED: dict[tuple[str, int, int], tuple[int, dict[str, Any], int, dict[str, Any]]] = {}
@@ -260,7 +260,7 @@ def _req(meta: dict[str, Any], key: str, where: str) -> Any:
 def model_config_from_metadata(
     meta: dict[str, Any], name: str = "", *, tensor_names: Collection[str] | None = None, source: str = ""
 ) -> ModelConfig:
-    """Build a ModelConfig from GGUF metadata (archs qwen2, llama, qwen3).
+    """Build a ModelConfig from GGUF metadata (archs qwen2, llama, qwen3, gemma3).
 
     With ``tensor_names`` (the file's tensors), embeddings are tied iff there is no ``output.weight``
     and qkv bias / q-k norm follow the layer-0 tensors; without it, tied embeddings and the arch's
@@ -307,7 +307,23 @@ def model_config_from_metadata(
     if tensor_names is not None:
         kw["qkv_bias"] = "blk.0.attn_q.bias" in tensor_names
         kw["qk_norm"] = "blk.0.attn_q_norm.weight" in tensor_names
+    if arch == "gemma3":
+        kw.update(_gemma3_options(meta, where))
     return ModelConfig.for_arch(arch, **kw)
+
+
+def _gemma3_options(meta: dict[str, Any], where: str) -> dict[str, Any]:
+    """Gemma 3's extra keys. llama.cpp writes no pattern, local rope base nor query scalar for Gemma 3
+    (it hard-codes them: every 6th layer global, local base 10000, scale head_dim ** -0.5), and
+    transformers' GGUF loader assumes the same defaults."""
+    if meta.get("gemma3.attn_logit_softcapping") is not None:
+        raise GGUFError(f"{where}: attention logit softcapping is not supported")
+    out: dict[str, Any] = {"sliding_window": int(_req(meta, "gemma3.attention.sliding_window", where))}
+    cap = meta.get("gemma3.final_logit_softcapping")
+    out["final_logit_softcapping"] = float(cap) if cap else None
+    if "gemma3.rope.scaling.factor" in meta or "gemma3.rope.scaling.type" in meta:
+        raise GGUFError(f"{where}: rope scaling is not supported for gemma3")
+    return out
 
 
 def read_model_config(path: str | os.PathLike[str], name: str = "") -> ModelConfig:

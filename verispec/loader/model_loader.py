@@ -9,7 +9,7 @@ import torch
 from verispec.config import ModelConfig
 from verispec.loader.registry import resolve_model
 from verispec.loader.tokenizer import Tokenizer
-from verispec.models.qwen2 import build_model
+from verispec.models.build import build_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

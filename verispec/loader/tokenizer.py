@@ -1,9 +1,15 @@
 """Tokenizer built from a GGUF file's own vocabulary (or a Hugging Face folder), plus chat templates.
 
-The GGUF stores the byte-level BPE vocabulary, merges and token types as metadata. We rebuild a
-``tokenizers.Tokenizer`` from them: a BPE model, the split regex the model family was trained with
-followed by a ByteLevel pre-tokenizer (without its own regex), a ByteLevel decoder, and the control
-/ user-defined tokens as added tokens so they are matched whole in text.
+Byte-level BPE ('gpt2': Qwen, Llama 3): the GGUF stores the vocabulary, merges and token types as
+metadata. We rebuild a ``tokenizers.Tokenizer`` from them: a BPE model, the split regex the model
+family was trained with followed by a ByteLevel pre-tokenizer (without its own regex), a ByteLevel
+decoder, and the control / user-defined tokens as added tokens so they are matched whole in text.
+
+SentencePiece BPE ('llama' with arch gemma3): the GGUF stores pieces ("▁" for a space), their
+scores and <0xNN> byte pieces but no merges. SentencePiece merges the adjacent pair whose merged piece
+scores best; Gemma's scores fall with the piece's position, so the merges are rebuilt from the
+vocabulary ranked by position (as transformers' GGUF loader does, whose ids the tests compare
+against), with byte fallback for text no piece covers.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from typing import Any
 
 import jinja2
 import jinja2.sandbox
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as _HFTokenizer
 
 from verispec.loader.gguf import read_metadata
@@ -40,11 +46,14 @@ _SPLITS: dict[str, tuple[str, bool]] = {  # pre name -> (regex, ignore_merges)
     "smaug-bpe": (_LLAMA3_SPLIT, True),
     "gpt-2": (_GPT2_SPLIT, False),
     "default": (_GPT2_SPLIT, False),
+    "smollm": (_GPT2_SPLIT, False),
 }
 _NORMAL, _CONTROL, _USER_DEFINED, _BYTE = 1, 3, 4, 6
 # Texts at least this long are encoded with the GIL released (tokenizers' encode_batch): a long prompt must not
 # freeze the other threads (the server's event loop, the engine) while it is tokenized.
 _RELEASE_GIL_CHARS = 4096
+# llama.cpp splits every digit off first for these (SmolLM2's tokenizer.json: Digits(individual_digits)).
+_DIGITS_FIRST = frozenset({"smollm"})
 # Texts llama.cpp also treats as end of generation when they are in the vocabulary.
 _END_OF_TURN_TEXTS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>")
 _ROLES = ("system", "user", "assistant", "tool")
@@ -63,11 +72,14 @@ class Tokenizer:
         extra_eos_token_ids: Sequence[int] = (),
         chat_template: str | None = None,
         max_token_bytes: int | None = None,
+        add_bos_token: bool = False,
     ) -> None:
         """max_token_bytes: the most bytes of text one token stands for, when every token stands for its own
-        bytes of the text (a byte-level vocabulary without a normalizer); None when that does not hold."""
+        bytes of the text (a byte-level vocabulary without a normalizer); None when that does not hold.
+        add_bos_token: encode_prompt() starts a prompt with bos_token_id (Gemma's GGUF asks for it)."""
         self._tok = backend
         self.max_token_bytes = max_token_bytes
+        self.add_bos_token = add_bos_token
         self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
         self.bos_token_id, self.eos_token_id, self.pad_token_id = bos_token_id, eos_token_id, pad_token_id
         self.chat_template = chat_template
@@ -87,6 +99,8 @@ class Tokenizer:
         meta = read_metadata(path)
         where = os.fspath(path)
         kind = meta.get("tokenizer.ggml.model")
+        if kind == "llama" and meta.get("general.architecture") == "gemma3":
+            return cls._from_gguf_sentencepiece(meta)
         if kind != "gpt2":
             raise ValueError(
                 f"{where}: tokenizer.ggml.model {kind!r} is not supported; verispec reads byte-level BPE ('gpt2')"
@@ -112,8 +126,10 @@ class Tokenizer:
         tok = _HFTokenizer(
             models.BPE(vocab=vocab, merges=merges, ignore_merges=ignore_merges, fuse_unk=False)
         )
+        digits = [pre_tokenizers.Digits(individual_digits=True)] if pre in _DIGITS_FIRST else []
         tok.pre_tokenizer = pre_tokenizers.Sequence(
             [
+                *digits,
                 pre_tokenizers.Split(Regex(split), behavior="isolated"),
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
             ]
@@ -149,6 +165,37 @@ class Tokenizer:
             # A byte-level spelling has one character per byte; added tokens match their UTF-8 text whole.
             max_token_bytes=max(len(t) if ty in (_NORMAL, _BYTE) else len(t.encode("utf-8"))
                                 for t, ty in zip(tokens, types, strict=True)),
+            add_bos_token=bool(meta.get("tokenizer.ggml.add_bos_token", False)) and bos is not None,
+        )
+
+    @classmethod
+    def _from_gguf_sentencepiece(cls, meta: dict[str, Any]) -> Tokenizer:
+        """Gemma's SentencePiece BPE vocabulary (see the module docstring)."""
+        tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
+        types: list[int] = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+        # Runs of two or more spaces are stored as spaces; the model sees them as "▁" runs.
+        pieces = ["▁" * len(t) if " " in t and not t.strip() else t for t in tokens]
+        vocab = {p: i for i, p in enumerate(pieces)}
+        unk_id = meta.get("tokenizer.ggml.unknown_token_id")
+        unk = tokens[unk_id] if unk_id is not None else "<unk>"
+        tok = _HFTokenizer(models.BPE(vocab=vocab, merges=_merges_by_rank(pieces, vocab), fuse_unk=True,
+                                      unk_token=unk, byte_fallback=True))
+        tok.normalizer = normalizers.Replace(" ", "▁")
+        tok.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous", invert=False)
+        tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                for t, ty in zip(tokens, types, strict=True) if ty == _CONTROL])
+        # User-defined pieces ("\n", "\t", "<table>", ...) are matched whole; the respelled space runs go through BPE.
+        tok.add_tokens([AddedToken(t, special=False, normalized=False)
+                        for t, ty in zip(tokens, types, strict=True) if ty == _USER_DEFINED and t in vocab])
+        bos = meta.get("tokenizer.ggml.bos_token_id")
+        eot = tok.token_to_id("<end_of_turn>")
+        return cls(
+            tok, bos_token_id=bos, eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
+            pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
+            extra_eos_token_ids=[eot] if eot is not None else [],
+            chat_template=meta.get("tokenizer.chat_template") or GEMMA_CHAT_TEMPLATE,
+            add_bos_token=bool(meta.get("tokenizer.ggml.add_bos_token", True)) and bos is not None,
         )
 
     @classmethod
@@ -198,6 +245,14 @@ class Tokenizer:
         if not self.max_token_bytes:
             return 0
         return -(-len(text.encode("utf-8", errors="surrogatepass")) // self.max_token_bytes)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """A prompt's ids: encode(text), with the BOS token in front when the model wants one and the
+        text (a rendered chat template, say) does not already start with it."""
+        ids = self.encode(text)
+        if self.add_bos_token and (not ids or ids[0] != self.bos_token_id):
+            ids.insert(0, self.bos_token_id)
+        return ids
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[list[int]]:
         """encode() of many texts at once (in parallel threads)."""
@@ -271,6 +326,41 @@ class Tokenizer:
             )
         except jinja2.TemplateError as e:
             raise ValueError(f"chat template failed: {e}") from None
+
+
+def _merges_by_rank(pieces: list[str], vocab: dict[str, int]) -> list[tuple[str, str]]:
+    """Every split of a piece into two pieces of the vocabulary, best first: a merge ranks by its
+    merged piece's position, then by the longer left and right parts (transformers' generate_merges
+    with position scores)."""
+    found: list[tuple[int, int, int, str, str]] = []
+    for piece, rank in vocab.items():
+        local = [(vocab[piece[:i]], vocab[piece[i:]], piece[:i], piece[i:]) for i in range(1, len(piece))
+                 if piece[:i] in vocab and piece[i:] in vocab]
+        local.sort()
+        found += [(-rank, len(left), len(right), left, right) for _, _, left, right in local]
+    found.sort(key=lambda m: (m[0], m[1], m[2]), reverse=True)  # stable: ties keep the order above
+    return [(m[3], m[4]) for m in found]
+
+
+# Gemma 3's chat template (its tokenizer_config.json; the GGUF carries none): "model" is the assistant
+# role, a system message is folded into the first user turn.
+GEMMA_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}"
+    "{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{%- endif -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
+    "{{ message['content'] | trim }}"
+    "{{ '<end_of_turn>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
+)
 
 
 def _read_json(path: str) -> dict[str, Any]:

@@ -35,17 +35,24 @@ _BLOCK = {
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
+# Gemma 3 norms around attention and MLP: llama.cpp's ffn_norm is the pre-MLP norm, which Gemma's
+# Hugging Face names call pre_feedforward_layernorm (Llama's name for it is post_attention_layernorm).
+_GEMMA3_BLOCK = {
+    **_BLOCK, "post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
-def hf_name(gguf_name: str) -> str | None:
+def hf_name(gguf_name: str, arch: str = "qwen2") -> str | None:
     """Hugging Face state-dict name of a GGUF tensor, or None for tensors verispec does not use."""
     if gguf_name in _GLOBAL:
         return _GLOBAL[gguf_name]
+    block = _GEMMA3_BLOCK if arch == "gemma3" else _BLOCK
     m = _BLOCK_RE.fullmatch(gguf_name)
-    if m is None or m.group(2) not in _BLOCK:
+    if m is None or m.group(2) not in block:
         return None
-    return f"model.layers.{m.group(1)}.{_BLOCK[m.group(2)]}.{m.group(3)}"
+    return f"model.layers.{m.group(1)}.{block[m.group(2)]}.{m.group(3)}"
 
 
 def unpermute_rope(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -71,7 +78,7 @@ def cache_path(path: str | os.PathLike[str], dtype: torch.dtype) -> Path:
 def _dequantize_gguf(
     f: GGUFFile, cfg: ModelConfig, device: torch.device, dtype: torch.dtype, progress: bool
 ) -> dict[str, torch.Tensor]:
-    wanted = [(n, hf_name(n)) for n in f.tensors]
+    wanted = [(n, hf_name(n, cfg.arch)) for n in f.tensors]
     wanted = [(n, h) for n, h in wanted if h is not None]
     for n, _ in wanted:
         if f.tensors[n].ggml_type not in SUPPORTED_TYPES:
@@ -101,6 +108,8 @@ def _check_complete(
     need = ["model.embed_tokens.weight", "model.norm.weight"] + ([] if cfg.tie_word_embeddings else ["lm_head.weight"])
     per_layer = ["input_layernorm.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight",
                  "mlp.up_proj.weight", "mlp.down_proj.weight"]
+    if cfg.arch == "gemma3":
+        per_layer += ["pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight"]
     per_layer += [f"self_attn.{p}_proj.weight" for p in "qkvo"]
     per_layer += [f"self_attn.{p}_proj.bias" for p in "qkv"] if cfg.qkv_bias else []
     per_layer += [f"self_attn.{p}_norm.weight" for p in "qk"] if cfg.qk_norm else []
@@ -159,7 +168,7 @@ def load_gguf_weights(
 def hf_model_config(config: dict[str, Any], name: str = "", where: str = "config.json") -> ModelConfig:
     """ModelConfig from a Hugging Face ``config.json`` dict (qwen2, llama, qwen3)."""
     arch = config.get("model_type")
-    if arch not in SUPPORTED_ARCHS:
+    if arch not in SUPPORTED_ARCHS or arch == "gemma3":  # Gemma 3 loads from its GGUF only (so far)
         raise ValueError(f"{where}: unsupported model_type {arch!r}; verispec runs {', '.join(SUPPORTED_ARCHS)}")
     try:
         heads = int(config["num_attention_heads"])

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 class Attention(nn.Module):
     kernels: Kernels | None = None  # set: the linear kernels for CUDA tensors
+    window: int = 0  # sliding window (0: global): keys at positions <= query position - window are masked
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -63,7 +64,7 @@ class Attention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q = backend.rotary_write_kv(rotary, positions, q, k, v, kv_cache, meta.slot_mapping)
-        out = backend.forward(q, kv_cache, meta, self.scale, prefetch)
+        out = backend.forward(q, kv_cache, meta, self.scale, prefetch, window=self.window)
         if k_ is not None and x.is_cuda:
             return k_.linear(out.reshape(t, -1), self.o_proj.weight, options=k_.options)
         return F.linear(out.reshape(t, -1), self.o_proj.weight)
@@ -134,7 +135,7 @@ class DecoderLayer(nn.Module):
             x, attn.qkv_proj.weight, attn.qkv_proj.bias, positions, rotary.cos, rotary.sin, kv_cache,
             meta.slot_mapping, attn.num_heads, attn.num_kv_heads, attn.head_dim, norm=(ln1.weight, ln1.eps),
             residual=residual, options=o_)
-        a = backend.forward(q, kv_cache, meta, attn.scale, pf)
+        a = backend.forward(q, kv_cache, meta, attn.scale, pf, window=attn.window)
         o = k_.linear(a.reshape(x.shape[0], -1), attn.o_proj.weight, options=o_)
         y, residual = k_.gemv(o, mlp.gate_up_proj.weight, silu_mul=True, norm=(ln2.weight, ln2.eps), residual=residual,
                               options=o_)
@@ -170,6 +171,10 @@ class CausalLM(nn.Module):
         self.attn_backend: AttentionBackend = ReferenceBackend()
         self.requires_grad_(False)
 
+    def layer_rotary(self, i: int) -> RotaryEmbedding:
+        """The rotary embedding layer i uses (one for all layers here)."""
+        return self.rotary
+
     @property
     def lm_head_weight(self) -> torch.Tensor:
         return self.model.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
@@ -196,7 +201,7 @@ class CausalLM(nn.Module):
         captured: list[torch.Tensor] = []
         last = len(self.model.layers) - 1
         for i, layer in enumerate(self.model.layers):
-            x, residual = layer(x, residual, positions, self.rotary, meta, kv_caches[i], self.attn_backend)
+            x, residual = layer(x, residual, positions, self.layer_rotary(i), meta, kv_caches[i], self.attn_backend)
             if i in capture_layers and i != last:
                 captured.append(x + residual)
         x, _ = self.model.norm(x, residual)
@@ -250,11 +255,12 @@ def unfuse_projections(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[st
     return out
 
 
-def build_model(cfg: ModelConfig, state_dict: dict[str, torch.Tensor], device, dtype) -> CausalLM:
-    """Instantiate on the meta device, then bind the loaded tensors (no double allocation beyond
-    one layer's fused projections). state_dict may use Hugging Face's names or ours."""
+def build_model(cfg: ModelConfig, state_dict: dict[str, torch.Tensor], device, dtype,
+                model_cls: type[CausalLM] | None = None) -> CausalLM:
+    """Instantiate model_cls (default CausalLM) on the meta device, then bind the loaded tensors (no
+    double allocation beyond one layer's fused projections). state_dict may use Hugging Face's names or ours."""
     with torch.device("meta"):
-        model = CausalLM(cfg)
+        model = (model_cls or CausalLM)(cfg)
     state_dict = fuse_projections(state_dict, cfg)
     missing = []
     for name, param in model.named_parameters():
@@ -267,7 +273,9 @@ def build_model(cfg: ModelConfig, state_dict: dict[str, torch.Tensor], device, d
         _set_param(model, name, t.to(device=device, dtype=dtype))
     if missing:
         raise ValueError(f"checkpoint lacks {len(missing)} weights, e.g. {missing[:3]}")
-    model.rotary.to(device)  # its tables were built on the CPU, not on the meta device
+    for m in model.modules():  # rotary tables were built on the CPU, not on the meta device
+        if isinstance(m, RotaryEmbedding):
+            m.to(device)
     return model.eval()
 
 
