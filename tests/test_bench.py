@@ -54,7 +54,7 @@ def test_latency(tmp_path):
 
 def test_latency_speculative(tmp_path):
     res = _bench(tmp_path, "latency", "--batch-sizes", "1", "--input-len", "8", "--output-len", "6",
-                 "--num-iters", "1", "--speculative-config", '{"method": "self", "num_speculative_tokens": 2}')
+                 "--num-iters", "1", "--speculative-config", '{"method": "self", "num_speculative_tokens": 2, "adaptive": false}')
     row = res["rows"][0]
     assert row["acceptance_rate"] == 1.0 and row["mean_acceptance_length"] > 1  # self-drafting: all accepted
 
@@ -150,7 +150,8 @@ def test_spec_methods_and_hf_peer_identity(tmp_path):
     k = 3
     res = _bench(tmp_path, "spec", "--prompts", str(prompts), "--num-prompts", "2", "--batch-sizes", "1,2",
                  "--output-len", "6", "-k", str(k), "--draft-model", "qwen2.5-coder-0.5b-instruct",
-                 "--methods", "none,ngram,self,draft_model", "--peer", "hf", "--no-compile", "--repeats", "2")
+                 "--methods", "none,ngram,self,draft_model", "--peer", "hf", "--no-compile", "--repeats", "2",
+                 "--no-adaptive")
     rows = {(r["method"], r["batch_size"]): r for r in res["rows"]}
     assert set(rows) == {(m, b) for m in ("none", "ngram", "self", "draft_model") for b in (1, 2)}
     for (method, b), r in rows.items():
@@ -194,7 +195,7 @@ def test_spec_dflash_random_drafter(tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt_token_ids": [7, 8, 9, 10, 7, 8, 9]}\n{"prompt_token_ids": [1, 2, 3, 1, 2, 3, 1, 2]}\n')
     res = _bench(tmp_path, "spec", "--prompts", str(prompts), "--num-prompts", "2", "--batch-sizes", "1,2",
-                 "--output-len", "6", "--methods", "none,dflash", "--dflash-model", "random")
+                 "--output-len", "6", "--methods", "none,dflash", "--dflash-model", "random", "--no-adaptive")
     rows = {(r["method"], r["batch_size"]): r for r in res["rows"]}
     assert set(rows) == {(m, b) for m in ("none", "dflash") for b in (1, 2)}
     for (method, _), r in rows.items():

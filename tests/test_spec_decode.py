@@ -40,8 +40,8 @@ def reference(model):
 
 
 SPECS = [
-    {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
-    {"method": "self", "num_speculative_tokens": 4},
+    {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3, "adaptive": False},
+    {"method": "self", "num_speculative_tokens": 4, "adaptive": False},
 ]
 
 
@@ -66,7 +66,8 @@ def test_lossless_greedy(model, reference, spec, stress):
 def test_draft_model_lossless(model, reference):
     ps, ref = reference
     draft = tiny_model(tiny_config(layers=1), seed=1)
-    eng = tiny_engine(model, spec={"method": "draft_model", "num_speculative_tokens": 3, "model": "tiny-draft"},
+    eng = tiny_engine(model, spec={"method": "draft_model", "num_speculative_tokens": 3, "model": "tiny-draft",
+                                  "adaptive": False},
                       draft_override=draft)
     outs = run_all(eng, ps, GREEDY)
     assert [o.outputs[0].token_ids for o in outs] == ref
@@ -75,7 +76,7 @@ def test_draft_model_lossless(model, reference):
 
 @pytest.mark.parametrize("k", [1, 2, 3, 5, 8])
 def test_self_oracle_acceptance(model, k):
-    eng = tiny_engine(model, spec={"method": "self", "num_speculative_tokens": k})
+    eng = tiny_engine(model, spec={"method": "self", "num_speculative_tokens": k, "adaptive": False})
     run_all(eng, mixed_prompts(4, seed=k), SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
     m = eng.get_metrics()
     # CPU float32: the target drafting for itself is exact, so every draft is accepted.
@@ -87,7 +88,7 @@ def test_self_oracle_acceptance(model, k):
 
 def test_self_oracle_at_temperature(model):
     """q == p exactly: min(1, p/q) = 1, so every sampled draft is accepted."""
-    eng = tiny_engine(model, spec={"method": "self", "num_speculative_tokens": 4})
+    eng = tiny_engine(model, spec={"method": "self", "num_speculative_tokens": 4, "adaptive": False})
     sp = SamplingParams(temperature=0.8, top_k=50, seed=5, max_tokens=30, ignore_eos=True)
     run_all(eng, mixed_prompts(3), sp)
     m = eng.get_metrics()
