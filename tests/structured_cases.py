@@ -131,10 +131,3 @@ def json_problem(text: str, schema: dict) -> str | None:
     except jsonschema.ValidationError as e:
         return f"invalid ({e.message}): {text!r}"
     return None
-
-
-def qwen05_local() -> bool:
-    """True when the real 0.5B (and so the real tokenizer) is already in the local cache (never pulls)."""
-    from verispec.loader.registry import models_dir
-
-    return (models_dir() / "qwen2.5-coder-0.5b-instruct.gguf").is_file()

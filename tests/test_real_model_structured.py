@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from structured_cases import json_problem, qwen05_local
+from structured_cases import json_problem
 
 from verispec.sampling_params import SamplingParams, StructuredOutputsParams
 
 pytest.importorskip("xgrammar")
 pytest.importorskip("jsonschema")
-pytestmark = pytest.mark.skipif(not qwen05_local(), reason="qwen2.5-coder-0.5b-instruct is not cached")
 
 CASES = [
     ("Describe a user called Ada, aged 36, with two hobbies.",

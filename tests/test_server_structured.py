@@ -14,14 +14,13 @@ import httpx
 import openai
 import pytest
 from server_util import ServerThread
-from structured_cases import SCHEMAS, json_problem, qwen05_local
+from structured_cases import SCHEMAS, json_problem
 from tiny import real_tokenizer, text_model, tiny_engine
 
 from verispec.sampling_params import SamplingParams, StructuredOutputsParams
 
 pytest.importorskip("xgrammar")
 pytest.importorskip("jsonschema")
-pytestmark = pytest.mark.skipif(not qwen05_local(), reason="needs the cached qwen2.5-coder-0.5b-instruct tokenizer")
 
 SCHEMA = SCHEMAS[0]
 CHAT = [{"role": "user", "content": "Give me a person as JSON."}]

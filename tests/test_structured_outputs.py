@@ -13,7 +13,7 @@ import re
 
 import pytest
 import torch
-from structured_cases import CHOICES, EBNF, REGEXES, SCHEMAS, json_problem, parses_ebnf, qwen05_local
+from structured_cases import CHOICES, EBNF, REGEXES, SCHEMAS, json_problem, parses_ebnf
 from tiny import (
     greedy_continuation,
     real_tokenizer,
@@ -30,7 +30,6 @@ from verispec.sampling_params import SamplingParams, StructuredOutputsParams
 
 pytest.importorskip("xgrammar")
 pytest.importorskip("jsonschema")
-pytestmark = pytest.mark.skipif(not qwen05_local(), reason="needs the cached qwen2.5-coder-0.5b-instruct tokenizer")
 
 VOCAB = 151936
 
