@@ -13,12 +13,9 @@ import torch
 from safetensors.torch import load_file
 from tiny import text_model, tiny_engine, tiny_model
 
-from verispec.loader.registry import models_dir
 from verispec.train import data as tdata
 from verispec.train import magpie
 
-HAVE_QWEN = (models_dir() / "qwen2.5-coder-0.5b-instruct.gguf").is_file()
-needs_qwen = pytest.mark.skipif(not HAVE_QWEN, reason="the cached qwen2.5-coder-0.5b-instruct GGUF is absent")
 REPO = Path(__file__).resolve().parents[1]
 HELDOUT = [json.loads(x)["prompt"] for x in (REPO / "prompts" / "heldout_requests.jsonl").read_text().splitlines()
            if x.strip()]
@@ -26,14 +23,11 @@ HELDOUT = [json.loads(x)["prompt"] for x in (REPO / "prompts" / "heldout_request
 
 @pytest.fixture(scope="module")
 def tok():
-    if not HAVE_QWEN:
-        pytest.skip("the cached qwen2.5-coder-0.5b-instruct GGUF is absent")
-    from tiny import real_tokenizer
+    from tiny import real_tokenizer  # pulls the real 0.5B on first use, as every real-model test does
 
     return real_tokenizer()
 
 
-@needs_qwen
 def test_user_turn_prefix_from_the_qwen_template(tok):
     # Qwen2.5's documented ChatML layout: a default system turn when none is given, then the user's turn.
     prefix, suffix = magpie.user_turn_split(tok)
@@ -244,7 +238,6 @@ def test_stopped_and_resumed_run_equals_uninterrupted(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@needs_qwen
 def test_magpie_on_the_real_05b(tmp_path):
     """The real 0.5B instruct model writes its own requests (CPU, minutes), kept by the filter, varied, none a
     held-out text; a short train-drafter run on them. Turns cut at 32 tokens are kept (on this CPU the 0.5B
