@@ -147,9 +147,12 @@ def test_plan_is_the_only_state_change_and_forget_waits_for_it():
     Request(pol).run_until(100, accepted_prefix=0)
     a = [pol.best_k(["r"], b) for b in range(1, 50)]
     assert a == [pol.best_k(["r"], b) for b in range(1, 50)]  # best_k changes nothing
-    idle = pol.idle_steps
-    pol.plan(["r"])
-    assert pol.idle_steps == (idle + 1) % pol.probe_every or pol.idle_steps == 0
+    idle, every = pol.idle_steps, pol.probe_every
+    k = pol.plan(["r"])  # best_k is 0 (never accepted): the probe clock ticks, or a probe resets it
+    if idle + 1 >= every:
+        assert (k, pol.idle_steps, pol.probe_every) == (pol.params.probe_k, 0, min(2 * every, pol.params.probe_max))
+    else:
+        assert (k, pol.idle_steps, pol.probe_every) == (0, idle + 1, every)
     assert pol.plan([]) == 0  # nothing to plan: the probe clock stands still
     pol.forget("r")
     assert "r" in pol.stats  # kept for the next plan (the overlapped loop may still count it)
