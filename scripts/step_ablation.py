@@ -16,6 +16,8 @@ Variants (comma-separated, the first is the reference; "+" joins parts):
   splitk=R           the split-K GEMM for up to R rows (splitk_max_rows; 0: off)
   splitk-min=R       the split-K GEMM from R rows (splitk_min_rows)
   no-pdl             programmatic dependent launch off (pdl)
+  gemv=R             the GEMV and the fused layer path for steps of up to R rows (gemv_max_rows)
+  small-splitk       2..16 rows of down_proj through the split-K kernel, not cuBLAS (small_splitk)
   l2=MB              attention asks L2 for MB of the next gate_up weight (l2_prefetch_bytes; 0: off)
   l2rows=N           ... in steps of up to N tokens (l2_prefetch_max_rows)
   l2seqs=N           ... in steps of up to N sequences (l2_prefetch_max_seqs)
@@ -43,6 +45,7 @@ from verispec.worker.graphs import CudaGraphRunner  # noqa: E402
 
 FIELDS = {"splits": ("attn_num_splits", int), "pps": ("attn_programs_per_sm", int),
           "splitk": ("splitk_max_rows", int), "splitk-min": ("splitk_min_rows", int),
+          "gemv": ("gemv_max_rows", int),
           "l2": ("l2_prefetch_bytes", lambda mb: int(float(mb) * (1 << 20))),
           "l2rows": ("l2_prefetch_max_rows", int), "l2seqs": ("l2_prefetch_max_seqs", int)}
 
@@ -63,6 +66,8 @@ def variant(model, name: str) -> None:
             pass
         elif key == "no-pdl":
             opts = dataclasses.replace(opts, pdl=False)
+        elif key == "small-splitk":
+            opts = dataclasses.replace(opts, small_splitk=True)
         elif key in FIELDS:
             field, parse = FIELDS[key]
             opts = dataclasses.replace(opts, **{field: parse(arg)})

@@ -216,6 +216,16 @@ def test_dispatch_on_cuda_splitk_rows():
     assert lin._pick(torch.zeros(32, 1536, device="cuda", dtype=torch.bfloat16), w) == "torch"
     assert lin._pick(torch.zeros(32, 1536, device="cuda", dtype=torch.bfloat16), w,
                      options=KernelOptions(splitk_min_rows=17)) == "splitk"
+    down = rand(1536, 8960, seed=5, device="cuda", dtype=torch.bfloat16, scale=8960**-0.5)
+    x4 = rand(4, 8960, seed=6, device="cuda", dtype=torch.bfloat16)
+    assert lin._pick(x4, down) == "torch"  # K >= 4N: the skinny kernel does not split K
+    assert lin._pick(x4, down, options=KernelOptions(small_splitk=True)) == "splitk"
+    assert lin._pick(x4, down, options=KernelOptions(gemv_max_rows=4)) == "gemv"
+    assert lin._pick(x4, down, options=KernelOptions(gemv_max_rows=3)) == "torch"
+    torch.testing.assert_close(lin.linear(x4, down, options=KernelOptions(small_splitk=True)).float(),
+                               lin.skinny_linear_ref(x4, down).float(), **tol(torch.bfloat16))
+    torch.testing.assert_close(lin.linear(x4, down, options=KernelOptions(gemv_max_rows=4)).float(),
+                               lin.skinny_linear_ref(x4, down).float(), **tol(torch.bfloat16))
     b = rand(2048, seed=4, device="cuda", dtype=torch.bfloat16)
     torch.testing.assert_close(lin.linear(x64, w, b).float(), lin.skinny_linear_ref(x64, w, b).float(),
                                **tol(torch.bfloat16))

@@ -2,12 +2,12 @@
 
 For each of the model's weight shapes (fused qkv, o, fused gate_up with SiLU-and-mul, down, lm_head)
 and each row count M, times torch (F.linear, plus the separate SiLU-and-mul kernel for gate_up) and
-verispec's path (verispec.kernels.linear: the weight-resident GEMV for M <= GEMV_MAX_ROWS, the skinny
+verispec's path (verispec.kernels.linear: the weight-resident GEMV for M <= KernelOptions.gemv_max_rows, the skinny
 Triton kernel up to SKINNY_MAX_ROWS where it wins, the split-K kernel for KernelOptions.splitk_min_rows..splitk_max_rows rows, else torch);
-from SKINNY_MAX_ROWS rows up also the split-K kernel with splitk_config's tiles, whatever the dispatch. Each timed call reads a different copy of the weight (copies totalling > 4x the L2 cache),
+up to SKINNY_MAX_ROWS rows also the GEMV, and from 2 rows up the split-K kernel with splitk_config's tiles, whatever the dispatch. Each timed call reads a different copy of the weight (copies totalling > 4x the L2 cache),
 so the figures are HBM bandwidth, not cache bandwidth; the calls are replayed from a CUDA graph, as
 in the engine, so they are GPU time without Python launch overhead. --sweep also tries a grid of tile sizes for
-the skinny kernel, the GEMV and (from SKINNY_MAX_ROWS rows up) the split-K kernel and prints the best of each per
+the skinny kernel, the GEMV (up to SKINNY_MAX_ROWS rows) and (from 2 rows up) the split-K kernel and prints the best of each per
 shape (how their tables were chosen).
 """
 
@@ -142,14 +142,17 @@ def run_linear(cfg: ModelConfig, rows: list[int], device: torch.device, dtype: t
                        torch_gbs=wbytes / t_torch / 1e9, ours_gbs=wbytes / t_ours / 1e9,
                        ours_hw=wbytes / t_ours / HBM_BYTES_PER_S, speedup=t_torch / t_ours)
             n_out = n // 2 if silu else n
-            splitk = lin.splitk_config(m, n_out, k, silu) if m >= lin.SKINNY_MAX_ROWS else None
+            splitk = lin.splitk_config(m, n_out, k, silu) if m >= 2 else None
+            if m <= lin.SKINNY_MAX_ROWS:  # the GEMV at every row count a batch-1 verify can have
+                t = _time(lambda w, x=x, silu=silu: lin.gemv(x, w, silu_mul=silu), weights, iters)
+                row.update(gemv_us=t * 1e6, gemv_gbs=wbytes / t / 1e9)
             if splitk:
                 t = _time(lambda w, x=x, silu=silu, c=splitk: lin.splitk_linear(x, w, silu_mul=silu, config=c),
                           weights, iters)
                 row.update(splitk_us=t * 1e6, splitk_gbs=wbytes / t / 1e9, splitk_config=splitk)
             if sweep:
                 families = [("best", lin.skinny_linear, _sweep_configs(m))]
-                if m <= 4:
+                if m <= lin.SKINNY_MAX_ROWS:
                     families.append(("gemv_best", lin.gemv, _gemv_configs()))
                 if splitk:
                     families.append(("splitk_best", lin.splitk_linear, _splitk_configs(m, n_out, k, silu)))
@@ -169,6 +172,8 @@ def _fmt(r: dict) -> str:
     s = (f"{r['layer']:>18} M={r['m']:<3} {r['n']}x{r['k']} ({r['weight_mb']:.1f} MB): torch {r['torch_us']:8.1f} us "
          f"{r['torch_gbs']:7.0f} GB/s | ours {r['ours_us']:8.1f} us {r['ours_gbs']:7.0f} GB/s "
          f"({100 * r['ours_hw']:.0f}% of 4.3 TB/s, x{r['speedup']:.2f})")
+    if "gemv_us" in r:
+        s += f" | gemv {r['gemv_us']:.1f} us {r['gemv_gbs']:.0f} GB/s (x{r['torch_us'] / r['gemv_us']:.2f})"
     if "best_config" in r:
         s += f" | best skinny {r['best_us']:.1f} us {r['best_gbs']:.0f} GB/s {r['best_config']}"
     if "gemv_best_config" in r:

@@ -38,6 +38,15 @@ class KernelOptions:
     # cuBLAS above (33..64 won against cuBLAS; 32, 128 and 256 rows lost: session 5).
     splitk_min_rows: int = 33
     splitk_max_rows: int = 64
+    # Steps of at most gemv_max_rows rows (batch-1 decode; a batch-1 verify of up to that many
+    # queries) take the weight-resident GEMV for every linear layer and the fused layer path (each norm
+    # in its projection's prologue, rotary + K/V write in the qkv kernel). 1: decode only (session 5:
+    # at 4 rows the GEMV lost to cuBLAS on gate_up and down). The verify A/B: scripts/step_ablation.py
+    # --query-len Q --variants base,gemv=Q.
+    gemv_max_rows: int = 1
+    # 2..SKINNY_MAX_ROWS rows of a layer with K >= 4N (down_proj), which the skinny kernel does not
+    # split over K: the split-K kernel instead of cuBLAS.
+    small_splitk: bool = False
 
     # CUDA graphs (worker/graphs.py): stage a replay's inputs (and fill its placeholders) with one
     # kernel; False: the torch copies and fills (session 6: the kernel won at batch 1 and in host

@@ -34,9 +34,8 @@ from verispec.core.options import DEFAULT_OPTIONS, KernelOptions
 from verispec.kernels.pdl import launch_kwargs, wait_prior
 
 SKINNY_MAX_ROWS = 16  # above this many rows, cuBLAS tiles well enough
-# One row (batch-1 decode): the weight-resident GEMV for every layer, the LM head included (at 4 rows
-# it lost to cuBLAS on gate_up and down). The split-K row range is KernelOptions.splitk_*_rows.
-GEMV_MAX_ROWS = 1
+# Up to KernelOptions.gemv_max_rows rows (1: batch-1 decode): the weight-resident GEMV for every layer,
+# the LM head included. The split-K row range is KernelOptions.splitk_*_rows.
 
 
 @triton.jit
@@ -383,16 +382,19 @@ _SPLITK_FALLBACK = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, num_warp
 def _pick(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False, options: KernelOptions = DEFAULT_OPTIONS) -> str:
     """Which path an x [M, K] @ weight^T takes: "gemv", "skinny", "splitk" or "torch"."""
     rows = x.shape[0] if x.dim() == 2 else 0
-    if not (x.is_cuda and 0 < rows <= max(SKINNY_MAX_ROWS, options.splitk_max_rows) and x.stride(1) == 1):
+    if not (x.is_cuda and 0 < rows <= max(SKINNY_MAX_ROWS, options.splitk_max_rows, options.gemv_max_rows)
+            and x.stride(1) == 1):
         return "torch"
     n_out = weight.shape[0] // 2 if silu_mul else weight.shape[0]
-    if rows <= GEMV_MAX_ROWS:
+    if rows <= options.gemv_max_rows:
         return "gemv"
     if rows > SKINNY_MAX_ROWS:
         ok = (options.splitk_min_rows <= rows <= options.splitk_max_rows
               and splitk_config(rows, n_out, x.shape[1], silu_mul))
         return "splitk" if ok else "torch"
-    return "skinny" if skinny_config(rows, n_out, x.shape[1], silu_mul) is not None else "torch"
+    if skinny_config(rows, n_out, x.shape[1], silu_mul) is not None:
+        return "skinny"
+    return "splitk" if options.small_splitk and splitk_config(rows, n_out, x.shape[1], silu_mul) else "torch"
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

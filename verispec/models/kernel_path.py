@@ -21,7 +21,7 @@ class Kernels:
 
         self.options = options
         self.linear, self.gemv, self.gate_up_silu = linear.linear, linear.gemv, linear.gate_up_silu
-        self.gemv_max_rows = linear.GEMV_MAX_ROWS  # steps of at most this many rows: the one-row path
+        self.gemv_max_rows = options.gemv_max_rows  # steps of at most this many rows: the one-row path
         self.rms_norm = fused.rms_norm
         self.qkv_rope_write_kv = qkv_rope.qkv_rope_write_kv
 
