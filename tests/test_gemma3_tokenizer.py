@@ -61,3 +61,15 @@ def test_special_tokens(toks):
     assert ours.vocab_size == len(hf) == 262144
     # A prompt that already starts with BOS (a rendered chat template) gets no second one.
     assert ours.encode_prompt("<bos>hi") == [2] + ours.encode("hi")
+
+
+def test_bench_prompts_start_with_bos_like_the_engine(toks):
+    """`verispec bench` encodes a text prompt as the engine does (Gemma: BOS first, as transformers)."""
+    from verispec.bench.models import BenchModel
+    from verispec.bench.prompts import Prompt
+
+    ours, hf = toks
+    bm = BenchModel.__new__(BenchModel)  # only the tokenizer is needed to encode
+    bm.tokenizer, bm.has_tokenizer = ours, True
+    text = "Write a function that reverses a list."
+    assert bm.encode(Prompt(text=text, token_ids=None, max_tokens=8)) == hf(text).input_ids

@@ -86,12 +86,13 @@ class BenchModel:
         self.elem_bytes = torch.tensor([], dtype=self.dtype).element_size()
 
     def encode(self, p: Prompt) -> list[int]:
-        """Token ids of a bench prompt."""
+        """Token ids of a bench prompt (text: as the engine encodes a prompt, BOS in front where the model
+        wants one, e.g. Gemma)."""
         if p.token_ids is not None:
             return list(p.token_ids)
         if not self.has_tokenizer:
             raise ValueError("text prompts (HumanEval) need the tokenizer: the model's GGUF file is not here")
-        return self.tokenizer.encode(p.text or "")
+        return self.tokenizer.encode_prompt(p.text or "")
 
 
 def local_gguf(name: str) -> Path | None:
