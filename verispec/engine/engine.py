@@ -235,9 +235,15 @@ class LLMEngine:
         sources = {"out": prev.device_tokens() if prev is not None else None, "draft": drafts}
         handle = self.runner.launch(sched, self.pending_draft_probs, sources)
         self._launched(sched)
+        # Step N-1 is finished on the host while step N runs: before waiting for N's accepted counts,
+        # so that this host work hides behind N's verify instead of delaying the drafter's launch.
+        outputs = early + (self._drain_handle(prev) if prev is not None else [])
         counts = handle.counts() if any(s.num_draft_tokens for s in sched.scheduled) else None
         self._commit_optimistic(handle, counts)
-        outputs = early + (self._drain_handle(prev) if prev is not None else [])
+        if prev is not None:  # what resolving N-1 after this commit would have published
+            for s in prev.sched.scheduled:
+                if s.request.status is Status.RUNNING:
+                    self.scheduler.publish_known(s.request)
         self.inflight = handle
         if self.proposer is not None:
             outputs += self._propose(sched, handle, {"out": handle.device_tokens()}, drain=self.proposer.needs_host_tokens)
@@ -292,12 +298,15 @@ class LLMEngine:
         sampling = handle.sampling  # the sampled rows, in the order of sched.scheduled
         i, num = 0, len(sampling)
         for s in handle.sched.scheduled:
-            if i < num and sampling[i][0] is s:
-                n = counts[i] if counts is not None else 1
-                if observe is not None and s.request.status is not Status.FINISHED:
+            row = i < num and sampling[i][0] is s
+            n = (counts[i] if counts is not None else 1) if row else 0
+            i += 1 if row else 0
+            if s.request.status is Status.FINISHED:
+                continue  # step N-1's values (drained first) finished it: this step's rows are discarded
+            if row:
+                if observe is not None:
                     observe(s.request.request_id, _verified(s), n, len(s.request.output_token_ids))
                 commit(s, [PLACEHOLDER] * n, publish=False)
-                i += 1
             else:
                 commit(s, None, publish=False)
 

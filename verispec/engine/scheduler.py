@@ -262,6 +262,13 @@ class Scheduler:
             self._publish(req, min(req.num_computed_tokens, self._known(req, s.output_base)))
         return new
 
+    def publish_known(self, req: Request) -> None:
+        """Publish req's written blocks whose token values are on the host: what resolve() does, for
+        a request whose later step was committed after its earlier step was resolved (the overlapped
+        loop resolves step N-1 before it commits step N's counts)."""
+        if req.finish_reason is None and req.num_computed_tokens // self.blocks.block_size > req.num_published_blocks:
+            self._publish(req, min(req.num_computed_tokens, self._known(req)))
+
     def _known(self, req: Request, start: int = 0) -> int:
         """Leading tokens of the request whose values are on the host. start: an output index
         before which the caller knows there is no placeholder (the search begins there)."""
