@@ -1,0 +1,203 @@
+"""The GGUF-block kernels (kernels/gguf_matmul.py) against loader/dequant.py + float32 F.linear, on random
+valid blocks of every type and odd shapes (Triton's interpreter on CPU, compiled bf16 at real shapes on
+CUDA), and on real tensors of the 0.5B's GGUF file."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.constants import GGMLQuantizationType as T
+
+from verispec.kernels import gguf_matmul as gm
+
+# Byte offsets of each type's float16 fields (d, and dmin / m where the type has one) within a block.
+F16_FIELDS = {T.Q8_0: [0], T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q4_K: [0, 2],
+              T.Q5_K: [0, 2], T.Q6_K: [208]}
+TYPES = [pytest.param(int(t), id=t.name) for t in F16_FIELDS]
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def test_every_kernel_type_has_random_blocks():
+    assert {int(t) for t in F16_FIELDS} == gm.KERNEL_TYPES
+
+
+def block_elems(qtype: int) -> int:
+    return GGML_QUANT_SIZES[T(qtype)][0]
+
+
+def rand_weight(qtype: int, n: int, k: int, seed: int, device: str = "cpu") -> gm.GGUFWeight:
+    """Random bytes with the float16 scale fields overwritten by sane values (either sign, 2^-10..2^-6:
+    random bytes there would be NaN / inf / huge). Made on the CPU, then copied (kernels/pdl.py)."""
+    g = torch.Generator().manual_seed(seed)
+    qk, size = GGML_QUANT_SIZES[T(qtype)]
+    b = torch.randint(0, 256, (n * (k // qk), size), generator=g, dtype=torch.uint8)
+    for off in F16_FIELDS[T(qtype)]:
+        mag = torch.exp2(-10 + 4 * torch.rand(b.shape[0], generator=g))
+        sign = torch.randint(0, 2, (b.shape[0],), generator=g) * 2 - 1
+        b[:, off : off + 2] = (mag * sign).to(torch.float16).view(torch.uint8).reshape(-1, 2)
+    return gm.GGUFWeight.from_raw(b, qtype, (n, k), device=device)
+
+
+def rand(*shape, seed: int, device: str = "cpu", dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(device, dtype)
+
+
+def close(out: torch.Tensor, ref: torch.Tensor, rel: float) -> None:
+    """Every element within rel of the output's scale (max |ref|): the K-sums mix signs, so a plain rtol
+    would fail on outputs that happen to be near 0."""
+    assert out.shape == ref.shape and out.dtype == ref.dtype and not out.isnan().any()
+    err = (out.float() - ref.float()).abs().max().item()
+    assert err <= rel * ref.float().abs().max().item(), (err, ref.float().abs().max().item())
+
+
+def small_k(qtype: int, tail: bool = False) -> int:
+    """K of the interpreter tests: 2 K-quant blocks (3 with `tail`: a 512 tile leaves a tail) or 5 of 32."""
+    return (768 if tail else 512) if block_elems(qtype) == 256 else 160
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("block_n,block_k", [(16, 256), (8, 512)])  # 512 does not divide 768 nor 160: a K tail
+def test_dequant_tile_is_bit_exact(qtype, block_n, block_k):
+    w = rand_weight(qtype, 37, small_k(qtype, tail=True), seed=qtype)
+    out = gm.gguf_dequantize(w, block_n, block_k)
+    assert torch.equal(out, w.dequantize())
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("m", [1, 3, 16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_gemv(qtype, m, bias):
+    n, k = 37, small_k(qtype)
+    w = rand_weight(qtype, n, k, seed=m + qtype)
+    x = rand(m, k, seed=m)
+    b = rand(n, seed=n) if bias else None
+    close(gm.gguf_gemv(x, w, b), gm.gguf_linear_ref(x, w, b), 1e-5)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_gemv_tiles_and_strided_rows(qtype):
+    """A tile that does not divide K, several rows per program, and x a row-strided view."""
+    k = small_k(qtype, tail=True)
+    w = rand_weight(qtype, 19, k, seed=3)
+    x = rand(10, k + 32, seed=4)[::2, :k]
+    cfg = dict(BLOCK_M=8, BLOCK_N=4, BLOCK_K=512, num_warps=4)
+    close(gm.gguf_gemv(x, w, config=cfg), gm.gguf_linear_ref(x, w), 1e-5)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("m,split", [(17, 1), (45, 2), (3, 3)])
+def test_mma(qtype, m, split):
+    """The tensor-core kernel (float32 tiles in the interpreter: exact products), with and without split K
+    (3 splits of 160 or 512 leave uneven ranges), odd M and N, a bias."""
+    n, k = 45, small_k(qtype)
+    w = rand_weight(qtype, n, k, seed=m + split)
+    x, b = rand(m, k, seed=m), rand(n, seed=7)
+    cfg = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, SPLIT_K=split, num_warps=4, num_stages=2)
+    close(gm.gguf_mma(x, w, b, config=cfg), gm.gguf_linear_ref(x, w, b), 1e-5)
+
+
+def test_the_comparison_can_fail():
+    """A weight one scale field off gives outputs the checks above reject."""
+    w = rand_weight(int(T.Q4_K), 37, 768, seed=1)
+    bad = w.blocks.clone()
+    bad[5, 0:2] = torch.tensor([1.0], dtype=torch.float16).view(torch.uint8)
+    x = rand(2, 768, seed=2)
+    wrong = gm.GGUFWeight(bad, w.qtype, w.shape)
+    assert not torch.equal(gm.gguf_dequantize(wrong), w.dequantize())
+    with pytest.raises(AssertionError):
+        close(gm.gguf_gemv(x, wrong), gm.gguf_linear_ref(x, w), 1e-5)
+
+
+def test_linear_on_cpu_is_the_reference_and_empty_rows():
+    w = rand_weight(int(T.Q8_0), 9, 64, seed=5)
+    x = rand(3, 64, seed=6, dtype=torch.bfloat16)
+    out = gm.gguf_linear(x, w)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, gm.gguf_linear_ref(x, w))
+    assert gm.gguf_gemv(x[:0], w).shape == (0, 9) and gm.gguf_mma(x[:0], w).shape == (0, 9)
+
+
+def test_bad_input_is_a_value_error():
+    w = rand_weight(int(T.Q6_K), 4, 256, seed=0)
+    with pytest.raises(ValueError, match="no kernel for ggml Q2_K"):
+        gm.GGUFWeight.from_raw(torch.zeros(84, dtype=torch.uint8), int(T.Q2_K), (1, 256))
+    with pytest.raises(ValueError, match="needs 840 uint8 bytes"):
+        gm.GGUFWeight.from_raw(w.blocks.reshape(-1)[:-1], w.qtype, w.shape)
+    with pytest.raises(ValueError, match="not a multiple"):
+        gm.GGUFWeight(torch.zeros(4, 105, dtype=torch.uint8), w.qtype, (4, 128))
+    with pytest.raises(ValueError, match="2-D"):
+        gm.GGUFWeight.from_raw(w.blocks, w.qtype, (4, 256, 1))
+    with pytest.raises(ValueError, match=r"floating \[M, 256\]"):
+        gm.gguf_linear(torch.zeros(2, 255), w)
+    with pytest.raises(ValueError, match=r"bias must be \[4\]"):
+        gm.gguf_gemv(torch.zeros(2, 256), w, torch.zeros(5))
+    with pytest.raises(ValueError, match="exceed BLOCK_M"):
+        gm.gguf_gemv(torch.zeros(3, 256), w, config=dict(BLOCK_M=2, BLOCK_N=2, BLOCK_K=256))
+    with pytest.raises(ValueError, match="one type, K and device"):
+        gm.GGUFWeight.cat([w, rand_weight(int(T.Q4_K), 4, 256, seed=0)])
+
+
+def test_cat_stacks_rows():
+    a, b = rand_weight(int(T.Q5_0), 3, 64, seed=1), rand_weight(int(T.Q5_0), 5, 64, seed=2)
+    both = gm.GGUFWeight.cat([a, b])
+    assert both.shape == (8, 64) and torch.equal(both.dequantize(), torch.cat([a.dequantize(), b.dequantize()]))
+
+
+def test_real_tensors_of_the_05b(qwen05_path):
+    """Layer 0's linear weights of the real 0.5B (Q5_0, Q8_0, Q6_K) and a Q4_K one (layer 11's down):
+    the kernels' dequantization equals loader/dequant.py's bit for bit on the whole tensor, and both
+    kernels match the reference on a slice of rows (the interpreter is slow on whole layers)."""
+    from verispec.loader.gguf import GGUFFile
+
+    f = GGUFFile(qwen05_path)
+    names = [f"blk.0.{p}.weight" for p in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
+                                            "ffn_down")] + ["blk.11.ffn_down.weight"]
+    seen = set()
+    for name in names:
+        w = gm.GGUFWeight.from_gguf(f, name)
+        seen.add(gm.type_name(w.qtype))
+        assert w.shape == f.tensor(name).shape and w.nbytes == f.tensor(name).nbytes
+        assert torch.equal(gm.gguf_dequantize(w, 64, 512), w.dequantize()), name
+        rows = gm.GGUFWeight(w.blocks[:21], w.qtype, (21, w.shape[1]))
+        x = rand(17, w.shape[1], seed=len(name))
+        close(gm.gguf_gemv(x[:5], rows), gm.gguf_linear_ref(x[:5], rows), 1e-5)
+        cfg = dict(BLOCK_M=32, BLOCK_N=16, BLOCK_K=64, SPLIT_K=2, num_warps=4, num_stages=2)
+        close(gm.gguf_mma(x, rows, config=cfg), gm.gguf_linear_ref(x, rows), 1e-5)
+    assert seen == {"Q5_0", "Q8_0", "Q6_K", "Q4_K"}
+
+
+# Real layer shapes of the 1.5B (qkv, o, gate_up, down; the LM head is timed by scripts/gpu_gguf.sh).
+GPU_SHAPES = [(2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960)]
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("n,k", GPU_SHAPES)
+def test_gpu_real_shapes(qtype, n, k):
+    """bf16 activations at the 1.5B's shapes, both kernels through gguf_linear's dispatch: the GEMV's
+    float32 products leave only the output's rounding; the tensor-core kernel also rounds W to bf16."""
+    w = rand_weight(qtype, n, k, seed=n + k, device="cuda")
+    b = rand(n, seed=1, device="cuda", dtype=torch.bfloat16)
+    for m in (1, 2, 5, 16, 17, 64, 256):
+        x = rand(m, k, seed=m, device="cuda", dtype=torch.bfloat16)
+        close(gm.gguf_linear(x, w, b), gm.gguf_linear_ref(x, w, b), 1e-2)
+    assert torch.equal(gm.gguf_dequantize(w), w.dequantize())
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("m", [1, 8, 64])
+def test_gpu_cuda_graph_capture(m):
+    """gguf_linear captured in a CUDA graph (split-K workspace included) replays on new inputs."""
+    w = rand_weight(int(T.Q4_K), 1536, 8960, seed=0, device="cuda")
+    x = rand(m, 8960, seed=1, device="cuda", dtype=torch.bfloat16)
+    gm.gguf_linear(x, w)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = gm.gguf_linear(x, w)
+    for seed in (2, 3):
+        x.copy_(rand(m, 8960, seed=seed, device="cuda", dtype=torch.bfloat16))
+        graph.replay()
+        close(out, gm.gguf_linear_ref(x, w), 1e-2)
