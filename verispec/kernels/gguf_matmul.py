@@ -39,6 +39,9 @@ GROUP: dict[int, int] = {T.Q4_0: 16, T.Q4_1: 16, T.Q5_0: 16, T.Q5_1: 16, T.Q8_0:
                          T.Q4_K: 32, T.Q5_K: 32, T.Q6_K: 16}
 KERNEL_TYPES: frozenset[int] = frozenset(int(t) for t in GROUP)
 GEMV_MAX_ROWS = 16  # above this many rows gguf_linear takes the tensor-core kernel
+# Byte offsets of each type's float16 fields (d, and dmin / m where it has one) within a block.
+F16_FIELDS: dict[int, tuple[int, ...]] = {T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,),
+                                          T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
 
 _Q4_0, _Q4_1, _Q5_0, _Q5_1, _Q8_0 = tl.constexpr(2), tl.constexpr(3), tl.constexpr(6), tl.constexpr(7), tl.constexpr(8)
 _Q4_K, _Q5_K, _Q6_K = tl.constexpr(12), tl.constexpr(13), tl.constexpr(14)
@@ -58,6 +61,23 @@ def type_name(qtype: int) -> str:
         return T(qtype).name
     except ValueError:
         return f"type {qtype}"
+
+
+def random_weight(qtype: int, n: int, k: int, seed: int = 0, device: torch.device | str = "cpu") -> GGUFWeight:
+    """Random but valid blocks (tests, benches): random bytes with the float16 fields overwritten by values
+    of either sign in 2^-10..2^-6 (random bytes there would be NaN, inf or huge). Made on the CPU, then
+    copied (kernels/pdl.py: a weight must not come from the kernel right before a PDL launch)."""
+    _check_type(qtype)
+    g = torch.Generator().manual_seed(seed)
+    qk, size = GGML_QUANT_SIZES[T(qtype)]
+    if k % qk:
+        raise ValueError(f"random_weight: K={k} is not a multiple of the {type_name(qtype)} block of {qk}")
+    b = torch.randint(0, 256, (n * (k // qk), size), generator=g, dtype=torch.uint8)
+    for off in F16_FIELDS[qtype]:
+        mag = torch.exp2(-10 + 4 * torch.rand(b.shape[0], generator=g))
+        sign = torch.randint(0, 2, (b.shape[0],), generator=g) * 2 - 1
+        b[:, off : off + 2] = (mag * sign).to(torch.float16).view(torch.uint8).reshape(-1, 2)
+    return GGUFWeight.from_raw(b, qtype, (n, k), device=device)
 
 
 def _check_type(qtype: int) -> None:
@@ -160,16 +180,16 @@ def dequant_tile(w_ptr, h_ptr, row, gg, e, mask, QTYPE: tl.constexpr):
     if QTYPE == _Q8_0:
         base = row + gg * 34
         q = _u8(w_ptr, base + 2 + e, mask)
-        return _f16(h_ptr, base, mask) * (q - ((q & 128) << 1)).to(tl.float32)
+        val = _f16(h_ptr, base, mask) * (q - ((q & 128) << 1)).to(tl.float32)
     elif QTYPE == _Q4_K or QTYPE == _Q5_K:
         s = gg % 8
         base = row + (gg // 8) * (144 if QTYPE == _Q4_K else 176)
         sc, mn = _k_scale_min(w_ptr, base, s, mask)
-        qs = 16 if QTYPE == _Q4_K else 48
+        qs: tl.constexpr = 16 if QTYPE == _Q4_K else 48
         q = (_u8(w_ptr, base + qs + (s // 2) * 32 + e, mask) >> ((s % 2) * 4)) & 15
         if QTYPE == _Q5_K:
             q = q | (((_u8(w_ptr, base + 16 + e, mask) >> s) & 1) << 4)
-        return (_f16(h_ptr, base, mask) * sc) * q.to(tl.float32) - _f16(h_ptr, base + 2, mask) * mn
+        val = (_f16(h_ptr, base, mask) * sc) * q.to(tl.float32) - _f16(h_ptr, base + 2, mask) * mn
     elif QTYPE == _Q6_K:
         s = gg % 16  # scale index: element j = 16 s + e of the 256
         base = row + (gg // 16) * 210
@@ -178,7 +198,7 @@ def dequant_tile(w_ptr, h_ptr, row, gg, e, mask, QTYPE: tl.constexpr):
         qh = (_u8(w_ptr, base + 128 + half * 32 + lane, mask) >> (2 * quarter)) & 3
         sc = _u8(w_ptr, base + 192 + s, mask)
         d = _f16(h_ptr, base + 208, mask) * (sc - ((sc & 128) << 1)).to(tl.float32)
-        return d * ((ql | (qh << 4)) - 32).to(tl.float32)
+        val = d * ((ql | (qh << 4)) - 32).to(tl.float32)
     else:  # Q4_0, Q4_1, Q5_0, Q5_1: 32-element blocks as two groups of 16 (low nibbles, then high)
         half = gg % 2
         size: tl.constexpr = 18 if QTYPE == _Q4_0 else (20 if QTYPE == _Q4_1 else (22 if QTYPE == _Q5_0 else 24))
@@ -190,11 +210,12 @@ def dequant_tile(w_ptr, h_ptr, row, gg, e, mask, QTYPE: tl.constexpr):
             q = q | (((_u8(w_ptr, base + qs - 4 + j // 8, mask) >> (j % 8)) & 1) << 4)
         d = _f16(h_ptr, base, mask)
         if QTYPE == _Q4_0:
-            return d * (q - 8).to(tl.float32)
+            val = d * (q - 8).to(tl.float32)
         elif QTYPE == _Q5_0:
-            return d * (q - 16).to(tl.float32)
+            val = d * (q - 16).to(tl.float32)
         else:
-            return d * q.to(tl.float32) + _f16(h_ptr, base + 2, mask)
+            val = d * q.to(tl.float32) + _f16(h_ptr, base + 2, mask)
+    return val
 
 
 @triton.jit
@@ -299,11 +320,11 @@ def _check(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None) -> torch.T
 
 def gemv_config(m: int, n: int, k: int, qtype: int) -> dict:
     """Tiles for _gemv_kernel: BLOCK_K 512 (256 for K < 1024), BLOCK_N rows per program so that even
-    narrow layers have >= ~2 programs per SM of the H200, BLOCK_M the power of two >= m.
+    narrow layers have >= ~2 programs per SM of the H200, BLOCK_M GEMV_MAX_ROWS whatever m (one compile
+    for every row count, and a row's result does not depend on how many rows came with it).
     (First guesses: scripts/gpu_gguf.sh sweeps the alternatives.)"""
     block_n = 8 if n >= 8 * 528 else (4 if n >= 4 * 264 else 2)
-    return dict(BLOCK_M=triton.next_power_of_2(max(m, 1)), BLOCK_N=block_n, BLOCK_K=512 if k >= 1024 else 256,
-                num_warps=4)
+    return dict(BLOCK_M=GEMV_MAX_ROWS, BLOCK_N=block_n, BLOCK_K=512 if k >= 1024 else 256, num_warps=4)
 
 
 def mma_config(m: int, n: int, k: int, qtype: int) -> dict:
