@@ -29,7 +29,7 @@ L2_BYTES = 50 << 20
 SHAPES = {
     "1.5b": [("qkv", 2048, 1536), ("o", 1536, 1536), ("gate_up", 17920, 1536), ("down", 1536, 8960),
              ("lm_head", 151936, 1536)],
-    "tiny": [("qkv", 40, 256), ("down", 24, 512), ("lm_head", 300, 256)],
+    "tiny": [("qkv", 40, 256), ("down", 24, 512), ("lm_head", 100, 256)],
 }
 
 
@@ -88,6 +88,73 @@ def measure(ctx: dict, m: int, kname: str, c: dict, default: bool) -> dict | Non
     return r
 
 
+def copies(device: str, nbytes: int) -> int:
+    """Weight copies per case: > 4x L2 in all on CUDA (HBM, not cache, bandwidth), one on CPU."""
+    return max(2, math.ceil(4 * L2_BYTES / nbytes)) if device == "cuda" else 1
+
+
+def line(r: dict) -> str:
+    return (f"{r['layer']:>8} {r['n']}x{r['k']} M={r['m']:<3} {r['qtype']:>5} {r['kernel']:>5}: "
+            f"{r['us']:8.1f} us {r['gbs']:6.0f} GB/s {100 * r['hbm']:4.0f}% | dense {r['dense_us']:7.1f} us "
+            f"{100 * r['dense_hbm']:4.0f}% (F.linear {r['flinear_us']:.1f}) x{r['dense_us'] / r['us']:.2f} {r['config']}")
+
+
+def run_shape(args, layer: tuple[str, int, int], deadline: float, time_it, results: list[dict]) -> None:
+    """One layer shape: dense bf16, then each type with its default tiles (checked against the reference),
+    then the sweep of --sweep-qtypes until `deadline`."""
+    name, n, k = layer
+    dev, rows = args.device, args.rows
+    dtype = torch.bfloat16 if dev == "cuda" else torch.float32
+    if dev == "cuda":
+        from verispec.kernels.linear import linear
+    else:
+        linear = F.linear
+    dense = [torch.randn(n, k, device=dev, dtype=dtype) * k**-0.5 for _ in range(copies(dev, n * k * 2))]
+    xs = {m: torch.randn(m, k, device=dev, dtype=dtype) for m in rows}
+    # (linear() s, F.linear s, bytes of x and out) per M
+    dense_t = {m: (time_it(lambda w, x=x: linear(x, w), dense), time_it(lambda w, x=x: F.linear(x, w), dense),
+                   x.numel() * x.element_size() * (1 + n / k)) for m, x in xs.items()}
+    del dense
+    for qt in args.qtypes:
+        if k % gm.GGML_QUANT_SIZES[gm.T(qt)][0]:
+            continue
+        nbytes_w = gm.random_weight(qt, 1, k).nbytes * n
+        ws = [gm.random_weight(qt, n, k, seed=i, device=dev) for i in range(copies(dev, nbytes_w))]
+        ctx = dict(layer=name, n=n, k=k, qt=qt, xs=xs, ws=ws, dense_t=dense_t, nbytes_w=nbytes_w,
+                   time_it=time_it, results=results)
+        defaults = {}
+        for m in rows:  # pass 1: gguf_linear's pick with its default tiles, checked against the reference
+            kname = "gemv" if m <= gm.GEMV_MAX_ROWS else "mma"
+            cfg = (gm.gemv_config if kname == "gemv" else gm.mma_config)(m, n, k, qt)
+            ref = gm.gguf_linear_ref(xs[m], ws[0]).float()
+            out = (gm.gguf_gemv if kname == "gemv" else gm.gguf_mma)(xs[m], ws[0], config=cfg)
+            err = (out.float() - ref).abs().max().item() / ref.abs().max().item()
+            r = measure(ctx, m, kname, cfg, True)
+            if r is not None:
+                defaults[m] = r
+                r["rel_err"] = err
+                print(line(r) + f" err {err:.1e}" + ("" if err < 2e-2 else " ** WRONG **"), flush=True)
+        if qt not in args.sweep_qtypes:
+            continue
+        # pass 2: other tiles, the GEMV's first (its compiles are shared by every M and N of one K)
+        todo = [(m, "gemv", c) for m in rows if m <= gm.GEMV_MAX_ROWS for c in gemv_configs()]
+        todo += [(m, "mma", c) for m in rows if m >= 8 for c in mma_configs(m, n, k, qt)]
+        best = dict(defaults)
+        for i, (m, kname, c) in enumerate(todo):
+            if time.time() > deadline:
+                print(f"  ({name}: sweep budget spent, {len(todo) - i} of {len(todo)} configs untried)")
+                break
+            if m in defaults and c == defaults[m]["config"]:
+                continue
+            r = measure(ctx, m, kname, c, False)
+            if r is not None and (m not in best or r["us"] < best[m]["us"]):
+                best[m] = r
+        for m in rows:
+            if m in best and not best[m]["default"]:
+                print("   best " + line(best[m]), flush=True)
+        del ws
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -99,76 +166,20 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=150.0, help="no new sweep config after this many seconds")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    t0 = time.time()
-    dev, rows = args.device, [int(r) for r in args.rows.split(",")]
-    qtypes = [int(gm.T[q]) for q in args.qtypes.split(",")]
-    sweep_types = [int(gm.T[q]) for q in args.sweep_qtypes.split(",") if q]
-    dtype = torch.bfloat16 if dev == "cuda" else torch.float32
-    time_it = timer(dev, args.iters)
-    if dev == "cuda":
-        from verispec.kernels.linear import linear
-    else:
-        linear = F.linear
-    results: list[dict] = []
-
-    def copies(nbytes: int) -> int:
-        return max(2, math.ceil(4 * L2_BYTES / nbytes)) if dev == "cuda" else 1
-
-    def line(r: dict) -> str:
-        return (f"{r['layer']:>8} {r['n']}x{r['k']} M={r['m']:<3} {r['qtype']:>5} {r['kernel']:>5}: "
-                f"{r['us']:8.1f} us {r['gbs']:6.0f} GB/s {100 * r['hbm']:4.0f}% | dense {r['dense_us']:7.1f} us "
-                f"{100 * r['dense_hbm']:4.0f}% (F.linear {r['flinear_us']:.1f}) x{r['dense_us'] / r['us']:.2f} {r['config']}")
-
+    args.rows = [int(r) for r in args.rows.split(",")]
+    args.qtypes = [int(gm.T[q]) for q in args.qtypes.split(",")]
+    args.sweep_qtypes = [int(gm.T[q]) for q in args.sweep_qtypes.split(",") if q]
+    t0, results = time.time(), []
+    time_it = timer(args.device, args.iters)
     shapes = SHAPES[args.shapes]
-    for si, (name, n, k) in enumerate(shapes):
-        dense = [torch.randn(n, k, device=dev, dtype=dtype) * k**-0.5 for _ in range(copies(n * k * 2))]
-        xs = {m: torch.randn(m, k, device=dev, dtype=dtype) for m in rows}
-        # (linear() s, F.linear s, bytes of x and out) per M
-        dense_t = {m: (time_it(lambda w, x=x: linear(x, w), dense), time_it(lambda w, x=x: F.linear(x, w), dense),
-                       x.numel() * x.element_size() * (1 + n / k)) for m, x in xs.items()}
-        del dense
-        shape_deadline = t0 + args.budget_s * (si + 1) / len(shapes)  # each shape's share of the sweep budget
-        for qt in qtypes:
-            if k % gm.GGML_QUANT_SIZES[gm.T(qt)][0]:
-                continue
-            nbytes_w = gm.random_weight(qt, 1, k).nbytes * n
-            ws = [gm.random_weight(qt, n, k, seed=i, device=dev) for i in range(copies(nbytes_w))]
-
-            ctx = dict(layer=name, n=n, k=k, qt=qt, xs=xs, ws=ws, dense_t=dense_t, nbytes_w=nbytes_w,
-                       time_it=time_it, results=results)
-            defaults = {}
-            for m in rows:  # pass 1: gguf_linear's pick with its default tiles, checked against the reference
-                kname = "gemv" if m <= gm.GEMV_MAX_ROWS else "mma"
-                cfg = (gm.gemv_config if kname == "gemv" else gm.mma_config)(m, n, k, qt)
-                ref = gm.gguf_linear_ref(xs[m], ws[0]).float()
-                out = (gm.gguf_gemv if kname == "gemv" else gm.gguf_mma)(xs[m], ws[0], config=cfg)
-                err = (out.float() - ref).abs().max().item() / ref.abs().max().item()
-                r = measure(ctx, m, kname, cfg, True)
-                if r is not None:
-                    defaults[m] = r
-                    r["rel_err"] = err
-                    print(line(r) + f" err {err:.1e}" + (" ** WRONG **" if not err < 2e-2 else ""), flush=True)
-            if qt not in sweep_types:
-                continue
-            # pass 2: other tiles, the GEMV's first (its compiles are shared by every M and N of one K)
-            todo = [(m, "gemv", c) for m in rows if m <= gm.GEMV_MAX_ROWS for c in gemv_configs()]
-            todo += [(m, "mma", c) for m in rows if m >= 8 for c in mma_configs(m, n, k, qt)]
-            best = dict(defaults)
-            for i, (m, kname, c) in enumerate(todo):
-                if time.time() > shape_deadline:
-                    print(f"  ({name}: sweep budget spent, {len(todo) - i} of {len(todo)} configs untried)")
-                    break
-                if m in defaults and c == defaults[m]["config"]:
-                    continue
-                r = measure(ctx, m, kname, c, False)
-                if r is not None and (m not in best or r["us"] < best[m]["us"]):
-                    best[m] = r
-            for m in rows:
-                if m in best and not best[m]["default"]:
-                    print("   best " + line(best[m]), flush=True)
-            del ws
-            if dev == "cuda":
-                torch.cuda.empty_cache()
+    for i, layer in enumerate(shapes):
+        deadline = t0 + args.budget_s * (i + 1) / len(shapes)  # each shape's share of the sweep budget
+        try:
+            run_shape(args, layer, deadline, time_it, results)
+        except Exception as e:  # noqa: BLE001 - one shape failing (a compile, memory) must not cost the others
+            print(f"  {layer}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
     print(f"done in {time.time() - t0:.0f} s")
     if args.json:
         with open(args.json, "w") as fh:

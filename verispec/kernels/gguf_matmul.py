@@ -86,10 +86,12 @@ def _check_type(qtype: int) -> None:
         raise ValueError(f"GGUFWeight: no kernel for ggml {type_name(qtype)}; supported: {names}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class GGUFWeight:
     """A linear layer's weight [N, K] kept in its GGUF blocks: `blocks` uint8 [N, K // block_elems *
-    block_bytes] (row n = the blocks of output row n, as stored), `qtype` the ggml type id, `shape` (N, K)."""
+    block_bytes] (row n = the blocks of output row n, as stored), `qtype` the ggml type id, `shape` (N, K).
+    Rows move as byte rows: a row permutation of the weight (loader/weights.py's unpermute_rope for Llama's
+    q / k) is the same permutation of `blocks`. Compared by identity (it holds a tensor)."""
 
     blocks: torch.Tensor
     qtype: int
@@ -138,6 +140,10 @@ class GGUFWeight:
             raise ValueError(f"GGUFWeight.cat needs weights of one type, K and device, got {desc}")
         return cls(torch.cat([w.blocks for w in weights]), weights[0].qtype,
                    (sum(w.shape[0] for w in weights), weights[0].shape[1]))
+
+    def to(self, device: torch.device | str) -> GGUFWeight:
+        """The same weight with its blocks on `device`."""
+        return GGUFWeight(self.blocks.to(device), self.qtype, self.shape)
 
     @property
     def nbytes(self) -> int:
