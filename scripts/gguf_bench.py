@@ -155,6 +155,28 @@ def run_shape(args, layer: tuple[str, int, int], deadline: float, time_it, resul
         del ws
 
 
+# The 1.5B Q4_K_M file's linear layers (checked with loader/gguf.py): 28 layers of q / k / o / gate / up in
+# Q4_K, down in Q4_K in 14 layers and Q6_K in 14 (v too, a small share of qkv, counted as Q4_K here), and
+# an untied Q6_K output (LM head).
+STEP_MIX = {"gguf": [("qkv", "Q4_K", 28), ("o", "Q4_K", 28), ("gate_up", "Q4_K", 28), ("down", "Q4_K", 14),
+                     ("down", "Q6_K", 14), ("lm_head", "Q6_K", 1)],
+            "dense": [("qkv", 28), ("o", 28), ("gate_up", 28), ("down", 28), ("lm_head", 1)]}
+
+
+def step_estimate(results: list[dict], rows: list[int]) -> None:
+    """Per M: the 1.5B's linear layers of one step, summed from the default-tile lines (gguf vs dense)."""
+    got = {(r["layer"], r["qtype"], r["m"]): r for r in results if r["default"]}
+    for m in rows:
+        try:
+            g = sum(c * got[(layer, q, m)]["us"] for layer, q, c in STEP_MIX["gguf"])
+            d = sum(c * got[(layer, "Q4_K", m)]["dense_us"] for layer, c in STEP_MIX["dense"])
+        except KeyError:
+            continue
+        print(f"  1.5B linear layers per step, M={m:<3}: gguf {g:8.0f} us vs dense bf16 {d:8.0f} us (x{d / g:.2f}); "
+              f"at M=1 that bounds decode at {1e6 / g:.0f} vs {1e6 / d:.0f} tok/s" if m == 1 else
+              f"  1.5B linear layers per step, M={m:<3}: gguf {g:8.0f} us vs dense bf16 {d:8.0f} us (x{d / g:.2f})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -180,6 +202,8 @@ def main() -> None:
             print(f"  {layer}: {type(e).__name__}: {str(e)[:300]}", flush=True)
         if args.device == "cuda":
             torch.cuda.empty_cache()
+    if args.shapes == "1.5b":
+        step_estimate(results, args.rows)
     print(f"done in {time.time() - t0:.0f} s")
     if args.json:
         with open(args.json, "w") as fh:

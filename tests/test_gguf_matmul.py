@@ -130,6 +130,24 @@ def test_bad_input_is_a_value_error():
         gm.GGUFWeight.cat([w, rand_weight(int(T.Q4_K), 4, 256, seed=0)])
 
 
+@pytest.mark.parametrize("kernel", ["gemv", "mma", "linear"])
+def test_parts_of_different_types_write_one_output(kernel):
+    """A fused projection whose parts differ in type (the 1.5B's q / k Q4_K, v Q6_K in half its layers):
+    each part writes its columns of one [M, N] buffer through out=, and nothing else of it."""
+    q, v = rand_weight(int(T.Q4_K), 24, 256, seed=1), rand_weight(int(T.Q6_K), 9, 256, seed=2)
+    m = 3 if kernel == "gemv" else 20
+    x = rand(m, 256, seed=3)
+    out = torch.full((m, 40), 7.0)
+    run = dict(gemv=gm.gguf_gemv, mma=gm.gguf_mma, linear=gm.gguf_linear)[kernel]
+    assert run(x, q, out=out[:, :24]).data_ptr() == out.data_ptr()
+    run(x, v, out=out[:, 24:33])
+    close(out[:, :24], gm.gguf_linear_ref(x, q), 1e-5)
+    close(out[:, 24:33], gm.gguf_linear_ref(x, v), 1e-5)
+    assert (out[:, 33:] == 7.0).all()
+    with pytest.raises(ValueError, match="out must be"):
+        run(x, v, out=out[:, :8])
+
+
 def test_cat_stacks_rows():
     a, b = rand_weight(int(T.Q5_0), 3, 64, seed=1), rand_weight(int(T.Q5_0), 5, 64, seed=2)
     both = gm.GGUFWeight.cat([a, b])

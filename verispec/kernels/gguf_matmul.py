@@ -344,15 +344,24 @@ def mma_config(m: int, n: int, k: int, qtype: int) -> dict:
     return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, num_warps=4, num_stages=3)
 
 
-def _empty(x: torch.Tensor, w: GGUFWeight) -> torch.Tensor:
-    return torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
+def _out(x: torch.Tensor, w: GGUFWeight, out: torch.Tensor | None) -> torch.Tensor:
+    """`out` checked ([M, N] in x's dtype on x's device, unit last stride: e.g. a column slice of a fused
+    projection's output whose parts have different types), or a new one."""
+    if out is None:
+        return torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
+    if tuple(out.shape) != (x.shape[0], w.shape[0]) or out.dtype != x.dtype or out.device != x.device \
+            or out.stride(1) != 1:
+        raise ValueError(f"gguf_linear: out must be [{x.shape[0]}, {w.shape[0]}] {x.dtype} on {x.device} with unit "
+                         f"last stride, got {out.dtype} {tuple(out.shape)} strides {out.stride()} on {out.device}")
+    return out
 
 
 def gguf_gemv(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None, config: dict | None = None,
-              options: KernelOptions = DEFAULT_OPTIONS) -> torch.Tensor:
-    """The weight-streaming kernel: x [M, K] (M <= the config's BLOCK_M, default up to 16) -> [M, N] in x's dtype."""
+              options: KernelOptions = DEFAULT_OPTIONS, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The weight-streaming kernel: x [M, K] (M <= the config's BLOCK_M, default up to 16) -> [M, N] in x's
+    dtype (written into `out` if given, and returned)."""
     x = _check(x, w, bias)
-    out = _empty(x, w)
+    out = _out(x, w, out)
     if x.shape[0] == 0:
         return out
     cfg = dict(config or gemv_config(x.shape[0], *w.shape, w.qtype))
@@ -367,11 +376,11 @@ def gguf_gemv(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None, 
 
 
 def gguf_mma(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None, config: dict | None = None,
-             options: KernelOptions = DEFAULT_OPTIONS) -> torch.Tensor:
-    """The tensor-core kernel: x [M, K] -> [M, N] in x's dtype. A split K's float32 workspace is
-    allocated per call (from the graph's pool under CUDA-graph capture)."""
+             options: KernelOptions = DEFAULT_OPTIONS, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The tensor-core kernel: x [M, K] -> [M, N] in x's dtype (into `out` if given). A split K's float32
+    workspace is allocated per call (from the graph's pool under CUDA-graph capture)."""
     x = _check(x, w, bias)
-    out = _empty(x, w)
+    out = _out(x, w, out)
     m, (n, k) = x.shape[0], w.shape
     if m == 0:
         return out
@@ -394,15 +403,16 @@ def gguf_mma(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None, c
 
 
 def gguf_linear(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None,
-                options: KernelOptions = DEFAULT_OPTIONS) -> torch.Tensor:
+                options: KernelOptions = DEFAULT_OPTIONS, out: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] @ dequant(w)^T (+ bias) -> [M, N] in x's dtype: on CUDA the GEMV for M <= GEMV_MAX_ROWS and
-    the tensor-core kernel above; elsewhere gguf_linear_ref."""
+    the tensor-core kernel above; elsewhere gguf_linear_ref. `out`: the buffer to write it into (returned)."""
     x = _check(x, w, bias)
     if not x.is_cuda:
-        return gguf_linear_ref(x, w, bias)
+        y = gguf_linear_ref(x, w, bias)
+        return y if out is None else _out(x, w, out).copy_(y)
     if x.shape[0] <= GEMV_MAX_ROWS:
-        return gguf_gemv(x, w, bias, options=options)
-    return gguf_mma(x, w, bias, options=options)
+        return gguf_gemv(x, w, bias, options=options, out=out)
+    return gguf_mma(x, w, bias, options=options, out=out)
 
 
 def gguf_linear_ref(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
