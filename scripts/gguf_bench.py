@@ -49,13 +49,27 @@ def timer(device: str, iters: int):
     return wall
 
 
-def gemv_configs() -> list[dict]:
-    """BLOCK_N x BLOCK_K tiles with 4..64 weight elements per thread."""
+def gemv_configs(m: int) -> list[dict]:
+    """BLOCK_N x BLOCK_K tiles with 4..64 weight elements per thread; at one row also the single-row
+    variant (BLOCK_M 1) of the same tiles."""
     out = []
-    for bn, bk, w in itertools.product([1, 2, 4, 8, 16], [256, 512, 1024], [4, 8]):
+    for bm, bn, bk, w in itertools.product([1, gm.GEMV_MAX_ROWS] if m == 1 else [gm.GEMV_MAX_ROWS],
+                                           [1, 2, 4, 8, 16], [256, 512, 1024], [4, 8]):
         if 4 <= bn * bk // (32 * w) <= 64:
-            out.append(dict(BLOCK_M=gm.GEMV_MAX_ROWS, BLOCK_N=bn, BLOCK_K=bk, num_warps=w))
+            out.append(dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=w))
     return out
+
+
+def near(configs: list[dict], default: dict | None) -> list[dict]:
+    """configs sorted by how far (in powers of two) their tiles are from the default's."""
+    if default is None:
+        return configs
+    d = default["config"]
+
+    def dist(c: dict) -> float:
+        return sum(abs(math.log2(c[key]) - math.log2(d[key])) for key in c if key in d)
+
+    return sorted(configs, key=dist)
 
 
 def mma_configs(m: int, n: int, k: int, qtype: int) -> list[dict]:
@@ -136,9 +150,12 @@ def run_shape(args, layer: tuple[str, int, int], deadline: float, time_it, resul
                 print(line(r) + f" err {err:.1e}" + ("" if err < 2e-2 else " ** WRONG **"), flush=True)
         if qt not in args.sweep_qtypes:
             continue
-        # pass 2: other tiles, the GEMV's first (its compiles are shared by every M and N of one K)
-        todo = [(m, "gemv", c) for m in rows if m <= gm.GEMV_MAX_ROWS for c in gemv_configs()]
-        todo += [(m, "mma", c) for m in rows if m >= 8 for c in mma_configs(m, n, k, qt)]
+        # pass 2: other tiles, round-robin over the cases (each case's closest alternatives first), so a cut
+        # by the budget leaves a few tried per case
+        groups = [[(m, "gemv", c) for c in near(gemv_configs(m), defaults.get(m))] for m in rows
+                  if m <= gm.GEMV_MAX_ROWS]
+        groups += [[(m, "mma", c) for c in mma_configs(m, n, k, qt)] for m in rows if m >= 8]
+        todo = [g[i] for i in range(max(map(len, groups), default=0)) for g in groups if i < len(g)]
         best = dict(defaults)
         for i, (m, kname, c) in enumerate(todo):
             if time.time() > deadline:

@@ -76,6 +76,8 @@ def test_gemv_tiles_and_strided_rows(qtype):
     x = rand(10, k + 32, seed=4)[::2, :k]
     cfg = dict(BLOCK_M=8, BLOCK_N=4, BLOCK_K=512, num_warps=4)
     close(gm.gguf_gemv(x, w, config=cfg), gm.gguf_linear_ref(x, w), 1e-5)
+    one = dict(BLOCK_M=1, BLOCK_N=4, BLOCK_K=512, num_warps=4)  # the single-row variant
+    close(gm.gguf_gemv(x[1:2], w, config=one), gm.gguf_linear_ref(x[1:2], w), 1e-5)
 
 
 @pytest.mark.parametrize("qtype", TYPES)
@@ -124,6 +126,8 @@ def test_bad_input_is_a_value_error():
         gm.gguf_linear(torch.zeros(2, 255), w)
     with pytest.raises(ValueError, match=r"bias must be \[4\]"):
         gm.gguf_gemv(torch.zeros(2, 256), w, torch.zeros(5))
+    with pytest.raises(ValueError, match="BLOCK_K=8 must be a power of two >= 16"):
+        gm.gguf_mma(torch.zeros(2, 256), w, config=dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=8))
     with pytest.raises(ValueError, match="exceed BLOCK_M"):
         gm.gguf_gemv(torch.zeros(3, 256), w, config=dict(BLOCK_M=2, BLOCK_N=2, BLOCK_K=256))
     with pytest.raises(ValueError, match="one type, K and device"):

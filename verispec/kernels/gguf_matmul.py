@@ -251,7 +251,8 @@ def _gemv_kernel(
     K: tl.constexpr, QK: tl.constexpr, SIZE: tl.constexpr, G: tl.constexpr, QTYPE: tl.constexpr,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
-    """out[m, n] = sum_k x[m, k] W[n, k] (+ b[n]) for m < M <= BLOCK_M. Grid: N blocks."""
+    """out[m, n] = sum_k x[m, k] W[n, k] (+ b[n]) for m < M <= BLOCK_M. Grid: N blocks. Every row of x
+    reuses each dequantized tile (BLOCK_M 1: a single row, without the row loop)."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)[:, None]
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -260,12 +261,16 @@ def _gemv_kernel(
     for k0 in range(0, K, BLOCK_K):
         w, k = w_next, k_next
         w_next, k_next = _tile(w_ptr, h_ptr, n, k0 + BLOCK_K, N, K, QK, SIZE, G, BLOCK_K, QTYPE)
-        m = 0
-        while m < M:  # a while loop: the interpreter cannot take a tensor bound in range()
-            x = tl.load(x_ptr + m * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)
-            part = tl.sum(tl.sum(w * x, axis=2), axis=1)
-            acc = tl.where(rows == m, acc + part[None, :], acc)
-            m += 1
+        if BLOCK_M == 1:  # one row: no row loop
+            x = tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)
+            acc += tl.sum(tl.sum(w * x, axis=2), axis=1)[None, :]
+        else:
+            m = 0
+            while m < M:  # a while loop: the interpreter cannot take a tensor bound in range()
+                x = tl.load(x_ptr + m * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)
+                part = tl.sum(tl.sum(w * x, axis=2), axis=1)
+                acc = tl.where(rows == m, acc + part[None, :], acc)
+                m += 1
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
     out = out_ptr + rows.to(tl.int64) * stride_om + n[None, :]
@@ -305,9 +310,13 @@ def _mma_kernel(
         tl.store(ws_ptr + (s * M + m.to(tl.int64))[:, None] * N + n[None, :], acc, mask=mask)
 
 
-def _type_args(w: GGUFWeight) -> dict:
+def _type_args(w: GGUFWeight, block_k: int) -> dict:
+    """The kernels' per-type constexprs, after checking that BLOCK_K tiles whole scale groups."""
     qk, size = GGML_QUANT_SIZES[T(w.qtype)]
-    return dict(K=w.shape[1], QK=qk, SIZE=size, G=GROUP[w.qtype], QTYPE=w.qtype)
+    g = GROUP[w.qtype]
+    if block_k < g or block_k & (block_k - 1):
+        raise ValueError(f"gguf_linear: BLOCK_K={block_k} must be a power of two >= {g} for {type_name(w.qtype)}")
+    return dict(K=w.shape[1], QK=qk, SIZE=size, G=g, QTYPE=w.qtype)
 
 
 def _check(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None) -> torch.Tensor:
@@ -369,7 +378,7 @@ def gguf_gemv(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None, 
         raise ValueError(f"gguf_gemv: {x.shape[0]} rows exceed BLOCK_M={cfg['BLOCK_M']}")
     _gemv_kernel[(triton.cdiv(w.shape[0], cfg["BLOCK_N"]),)](
         x, w.blocks, w.blocks.view(torch.float16), bias if bias is not None else x, out, x.shape[0], w.shape[0],
-        x.stride(0), out.stride(0), **_type_args(w), HAS_BIAS=bias is not None, **cfg,
+        x.stride(0), out.stride(0), **_type_args(w, cfg["BLOCK_K"]), HAS_BIAS=bias is not None, **cfg,
         **launch_kwargs(x.device, options.pdl),
     )
     return out
@@ -391,7 +400,7 @@ def gguf_mma(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None, c
     pdl = launch_kwargs(x.device, options.pdl)
     _mma_kernel[(triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]), split)](
         x, w.blocks, w.blocks.view(torch.float16), b, out, ws, m, n, x.stride(0), out.stride(0), KS=ks,
-        **_type_args(w), HAS_BIAS=bias is not None, SPLIT_K=split,
+        **_type_args(w, cfg["BLOCK_K"]), HAS_BIAS=bias is not None, SPLIT_K=split,
         DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32", **cfg, **pdl,
     )
     if split > 1:
@@ -427,6 +436,6 @@ def gguf_dequantize(w: GGUFWeight, block_n: int = 16, block_k: int = 256) -> tor
     n, k = w.shape
     out = torch.empty(n, k, dtype=torch.float32, device=w.blocks.device)
     _dequant_kernel[(triton.cdiv(n, block_n), triton.cdiv(k, block_k))](
-        w.blocks, w.blocks.view(torch.float16), out, n, **_type_args(w), BLOCK_N=block_n, BLOCK_K=block_k,
+        w.blocks, w.blocks.view(torch.float16), out, n, **_type_args(w, block_k), BLOCK_N=block_n, BLOCK_K=block_k,
     )
     return out
