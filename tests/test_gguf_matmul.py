@@ -92,6 +92,28 @@ def test_mma(qtype, m, split):
     close(gm.gguf_mma(x, w, b, config=cfg), gm.gguf_linear_ref(x, w, b), 1e-5)
 
 
+SILU_TYPES = [pytest.param(int(t), id=t.name) for t in (T.Q4_K, T.Q6_K, T.Q5_0)]
+
+
+@pytest.mark.parametrize("qtype", SILU_TYPES)
+@pytest.mark.parametrize("kernel,m,cfg", [
+    ("gemv", 1, dict(BLOCK_M=1, BLOCK_N=4, BLOCK_K=256, num_warps=4)),
+    ("gemv", 5, None),
+    ("mma", 19, dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=64, SPLIT_K=1, num_warps=4, num_stages=2)),
+    ("mma", 19, dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=64, SPLIT_K=2, num_warps=4, num_stages=2)),
+])
+def test_silu_mul(qtype, kernel, m, cfg):
+    """gate_up stacked [gate; up]: silu(x @ gate^T) * (x @ up^T) in the epilogue (split K: in the reduce)."""
+    inter, k = 21, small_k(qtype)
+    w = rand_weight(qtype, 2 * inter, k, seed=m)
+    x = rand(m, k, seed=m + 1) * 0.02  # gate sums of a few units: SiLU's curved part, no exp overflow
+    run = gm.gguf_gemv if kernel == "gemv" else gm.gguf_mma
+    out = run(x, w, config=cfg, silu_mul=True)
+    ref = gm.gguf_linear_ref(x, w, silu_mul=True)
+    assert ref.shape == (m, inter)
+    close(out, ref, 1e-5)
+
+
 def test_the_comparison_can_fail():
     """A weight one scale field off gives outputs the checks above reject."""
     w = rand_weight(int(T.Q4_K), 37, 768, seed=1)
@@ -130,6 +152,8 @@ def test_bad_input_is_a_value_error():
         gm.gguf_mma(torch.zeros(2, 256), w, config=dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=8))
     with pytest.raises(ValueError, match="exceed BLOCK_M"):
         gm.gguf_gemv(torch.zeros(3, 256), w, config=dict(BLOCK_M=2, BLOCK_N=2, BLOCK_K=256))
+    with pytest.raises(ValueError, match="silu_mul needs"):
+        gm.gguf_linear(torch.zeros(2, 256), rand_weight(int(T.Q6_K), 5, 256, seed=0), silu_mul=True)
     with pytest.raises(ValueError, match="one type, K and device"):
         gm.GGUFWeight.cat([w, rand_weight(int(T.Q4_K), 4, 256, seed=0)])
 
@@ -199,6 +223,16 @@ def test_gpu_real_shapes(qtype, n, k):
         x = rand(m, k, seed=m, device="cuda", dtype=torch.bfloat16)
         close(gm.gguf_linear(x, w, b), gm.gguf_linear_ref(x, w, b), 1e-2)
     assert torch.equal(gm.gguf_dequantize(w), w.dequantize())
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_gate_up_silu_mul():
+    """The 1.5B's gate_up (Q4_K, [gate; up] 17920 x 1536) with SiLU-and-mul fused, both kernels."""
+    w = rand_weight(int(T.Q4_K), 17920, 1536, seed=4, device="cuda")
+    for m in (1, 7, 64):
+        x = rand(m, 1536, seed=m, device="cuda", dtype=torch.bfloat16)
+        close(gm.gguf_linear(x, w, silu_mul=True), gm.gguf_linear_ref(x, w, silu_mul=True), 1e-2)
 
 
 @pytest.mark.gpu

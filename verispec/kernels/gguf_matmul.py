@@ -249,30 +249,45 @@ def _dequant_kernel(w_ptr, h_ptr, out_ptr, N, K: tl.constexpr, QK: tl.constexpr,
 def _gemv_kernel(
     x_ptr, w_ptr, h_ptr, b_ptr, out_ptr, M, N, stride_xm, stride_om,
     K: tl.constexpr, QK: tl.constexpr, SIZE: tl.constexpr, G: tl.constexpr, QTYPE: tl.constexpr,
-    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
-    """out[m, n] = sum_k x[m, k] W[n, k] (+ b[n]) for m < M <= BLOCK_M. Grid: N blocks. Every row of x
-    reuses each dequantized tile (BLOCK_M 1: a single row, without the row loop)."""
+    """out[m, n] = sum_k x[m, k] W[n, k] (+ b[n]) for m < M <= BLOCK_M, n < N. Grid: N blocks. Every row of
+    x reuses each dequantized tile (BLOCK_M 1: a single row, without the row loop). SILU_MUL: W stacks
+    [gate; up] (2 N rows) and out = silu(x @ gate^T) * (x @ up^T), from the float32 sums."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)[:, None]
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     w_next, k_next = _tile(w_ptr, h_ptr, n, 0, N, K, QK, SIZE, G, BLOCK_K, QTYPE)  # weights: before the wait
+    u_next = w_next
+    if SILU_MUL:
+        u_next, _ = _tile(w_ptr, h_ptr, n + N, 0, 2 * N, K, QK, SIZE, G, BLOCK_K, QTYPE)
     wait_prior(PDL)
     for k0 in range(0, K, BLOCK_K):
-        w, k = w_next, k_next
+        w, u, k = w_next, u_next, k_next
         w_next, k_next = _tile(w_ptr, h_ptr, n, k0 + BLOCK_K, N, K, QK, SIZE, G, BLOCK_K, QTYPE)
+        if SILU_MUL:
+            u_next, _ = _tile(w_ptr, h_ptr, n + N, k0 + BLOCK_K, 2 * N, K, QK, SIZE, G, BLOCK_K, QTYPE)
         if BLOCK_M == 1:  # one row: no row loop
             x = tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)
             acc += tl.sum(tl.sum(w * x, axis=2), axis=1)[None, :]
+            if SILU_MUL:
+                acc_up += tl.sum(tl.sum(u * x, axis=2), axis=1)[None, :]
         else:
             m = 0
             while m < M:  # a while loop: the interpreter cannot take a tensor bound in range()
                 x = tl.load(x_ptr + m * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)
                 part = tl.sum(tl.sum(w * x, axis=2), axis=1)
                 acc = tl.where(rows == m, acc + part[None, :], acc)
+                if SILU_MUL:
+                    part = tl.sum(tl.sum(u * x, axis=2), axis=1)
+                    acc_up = tl.where(rows == m, acc_up + part[None, :], acc_up)
                 m += 1
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
+    if SILU_MUL:
+        acc = acc / (1.0 + tl.exp(-acc)) * acc_up
     out = out_ptr + rows.to(tl.int64) * stride_om + n[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(rows < M) & (n < N)[None, :])
 
@@ -281,33 +296,45 @@ def _gemv_kernel(
 def _mma_kernel(
     x_ptr, w_ptr, h_ptr, b_ptr, out_ptr, ws_ptr, M, N, stride_xm, stride_om,
     K: tl.constexpr, KS: tl.constexpr, QK: tl.constexpr, SIZE: tl.constexpr, G: tl.constexpr,
-    QTYPE: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr, PDL: tl.constexpr,
+    QTYPE: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program (i, j, s)'s part of out = x @ W^T over K range [s KS, (s + 1) KS): tl.dot on weight tiles
     dequantized in the load and cast to x's dtype. Grid (M tiles, N tiles, splits): the M tiles of a
     column block run side by side, so the weight bytes come from HBM once. SPLIT_K == 1: bias and the
-    store here; else float32 partials to ws [splits, M, N] for linear.py's _splitk_reduce_kernel."""
+    store here; else float32 partials to ws [splits, M, N] for linear.py's _splitk_reduce_kernel.
+    SILU_MUL as _gemv_kernel (ws rows then hold the gate columns, then the up columns)."""
     wait_prior(PDL)
     m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     s = tl.program_id(2)
     x_rows = x_ptr + m.to(tl.int64)[:, None] * stride_xm
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, KS, BLOCK_K):  # a constant trip count; the K tail is masked
-        w, _ = _tile(w_ptr, h_ptr, n, s * KS + k0, N, K, QK, SIZE, G, BLOCK_K, QTYPE)
-        w = tl.reshape(w, (BLOCK_N, BLOCK_K)).to(x_ptr.dtype.element_ty)
         k = s * KS + k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_rows + k[None, :], mask=(m < M)[:, None] & (k < K)[None, :], other=0.0)
+        w, _ = _tile(w_ptr, h_ptr, n, s * KS + k0, N, K, QK, SIZE, G, BLOCK_K, QTYPE)
+        w = tl.reshape(w, (BLOCK_N, BLOCK_K)).to(x_ptr.dtype.element_ty)
         acc += tl.dot(x, tl.trans(w), input_precision=DOT_PREC)
+        if SILU_MUL:
+            u, _ = _tile(w_ptr, h_ptr, n + N, s * KS + k0, 2 * N, K, QK, SIZE, G, BLOCK_K, QTYPE)
+            u = tl.reshape(u, (BLOCK_N, BLOCK_K)).to(x_ptr.dtype.element_ty)
+            acc_up += tl.dot(x, tl.trans(u), input_precision=DOT_PREC)
     mask = (m < M)[:, None] & (n < N)[None, :]
     if SPLIT_K == 1:
         if HAS_BIAS:
             acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
+        if SILU_MUL:
+            acc = acc / (1.0 + tl.exp(-acc)) * acc_up
         tl.store(out_ptr + m.to(tl.int64)[:, None] * stride_om + n[None, :], acc.to(out_ptr.dtype.element_ty),
                  mask=mask)
     else:
-        tl.store(ws_ptr + (s * M + m.to(tl.int64))[:, None] * N + n[None, :], acc, mask=mask)
+        ws_n = 2 * N if SILU_MUL else N
+        ws = ws_ptr + (s * M + m.to(tl.int64))[:, None] * ws_n + n[None, :]
+        tl.store(ws, acc, mask=mask)
+        if SILU_MUL:
+            tl.store(ws + N, acc_up, mask=mask)
 
 
 def _type_args(w: GGUFWeight, block_k: int) -> dict:
@@ -319,11 +346,13 @@ def _type_args(w: GGUFWeight, block_k: int) -> dict:
     return dict(K=w.shape[1], QK=qk, SIZE=size, G=g, QTYPE=w.qtype)
 
 
-def _check(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None) -> torch.Tensor:
+def _check(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None, silu_mul: bool = False) -> torch.Tensor:
     """x with a unit last stride, after checking x and bias against w (a ValueError naming what is wrong)."""
     if not isinstance(w, GGUFWeight):
         raise ValueError(f"gguf_linear: w must be a GGUFWeight, got {type(w).__name__}")
     n, k = w.shape
+    if silu_mul and (n % 2 or bias is not None):
+        raise ValueError(f"gguf_linear: silu_mul needs [gate; up] stacked (an even N, got {n}) and no bias")
     if x.dim() != 2 or x.shape[1] != k or not x.dtype.is_floating_point:
         raise ValueError(f"gguf_linear: x must be a floating [M, {k}] tensor, got {x.dtype} {tuple(x.shape)}")
     if x.device != w.blocks.device:
@@ -353,81 +382,92 @@ def mma_config(m: int, n: int, k: int, qtype: int) -> dict:
     return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, num_warps=4, num_stages=3)
 
 
-def _out(x: torch.Tensor, w: GGUFWeight, out: torch.Tensor | None) -> torch.Tensor:
-    """`out` checked ([M, N] in x's dtype on x's device, unit last stride: e.g. a column slice of a fused
+def _out(x: torch.Tensor, n: int, out: torch.Tensor | None) -> torch.Tensor:
+    """`out` checked ([M, n] in x's dtype on x's device, unit last stride: e.g. a column slice of a fused
     projection's output whose parts have different types), or a new one."""
     if out is None:
-        return torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
-    if tuple(out.shape) != (x.shape[0], w.shape[0]) or out.dtype != x.dtype or out.device != x.device \
-            or out.stride(1) != 1:
-        raise ValueError(f"gguf_linear: out must be [{x.shape[0]}, {w.shape[0]}] {x.dtype} on {x.device} with unit "
+        return torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
+    if tuple(out.shape) != (x.shape[0], n) or out.dtype != x.dtype or out.device != x.device or out.stride(1) != 1:
+        raise ValueError(f"gguf_linear: out must be [{x.shape[0]}, {n}] {x.dtype} on {x.device} with unit "
                          f"last stride, got {out.dtype} {tuple(out.shape)} strides {out.stride()} on {out.device}")
     return out
 
 
 def gguf_gemv(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None, config: dict | None = None,
-              options: KernelOptions = DEFAULT_OPTIONS, out: torch.Tensor | None = None) -> torch.Tensor:
+              options: KernelOptions = DEFAULT_OPTIONS, out: torch.Tensor | None = None,
+              silu_mul: bool = False) -> torch.Tensor:
     """The weight-streaming kernel: x [M, K] (M <= the config's BLOCK_M, default up to 16) -> [M, N] in x's
-    dtype (written into `out` if given, and returned)."""
-    x = _check(x, w, bias)
-    out = _out(x, w, out)
+    dtype (written into `out` if given, and returned); silu_mul: w stacks [gate; up] -> [M, N / 2]."""
+    x = _check(x, w, bias, silu_mul)
+    n = w.shape[0] // 2 if silu_mul else w.shape[0]
+    out = _out(x, n, out)
     if x.shape[0] == 0:
         return out
-    cfg = dict(config or gemv_config(x.shape[0], *w.shape, w.qtype))
+    cfg = dict(config or gemv_config(x.shape[0], n, w.shape[1], w.qtype))
     if x.shape[0] > cfg["BLOCK_M"]:
         raise ValueError(f"gguf_gemv: {x.shape[0]} rows exceed BLOCK_M={cfg['BLOCK_M']}")
-    _gemv_kernel[(triton.cdiv(w.shape[0], cfg["BLOCK_N"]),)](
-        x, w.blocks, w.blocks.view(torch.float16), bias if bias is not None else x, out, x.shape[0], w.shape[0],
-        x.stride(0), out.stride(0), **_type_args(w, cfg["BLOCK_K"]), HAS_BIAS=bias is not None, **cfg,
-        **launch_kwargs(x.device, options.pdl),
+    _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
+        x, w.blocks, w.blocks.view(torch.float16), bias if bias is not None else x, out, x.shape[0], n,
+        x.stride(0), out.stride(0), **_type_args(w, cfg["BLOCK_K"]), HAS_BIAS=bias is not None, SILU_MUL=silu_mul,
+        **cfg, **launch_kwargs(x.device, options.pdl),
     )
     return out
 
 
 def gguf_mma(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None, config: dict | None = None,
-             options: KernelOptions = DEFAULT_OPTIONS, out: torch.Tensor | None = None) -> torch.Tensor:
-    """The tensor-core kernel: x [M, K] -> [M, N] in x's dtype (into `out` if given). A split K's float32
-    workspace is allocated per call (from the graph's pool under CUDA-graph capture)."""
-    x = _check(x, w, bias)
-    out = _out(x, w, out)
-    m, (n, k) = x.shape[0], w.shape
+             options: KernelOptions = DEFAULT_OPTIONS, out: torch.Tensor | None = None,
+             silu_mul: bool = False) -> torch.Tensor:
+    """The tensor-core kernel: x [M, K] -> [M, N] in x's dtype (into `out` if given; silu_mul as gguf_gemv).
+    A split K's float32 workspace is allocated per call (from the graph's pool under CUDA-graph capture)."""
+    x = _check(x, w, bias, silu_mul)
+    m, k = x.shape
+    n = w.shape[0] // 2 if silu_mul else w.shape[0]
+    out = _out(x, n, out)
     if m == 0:
         return out
     cfg = dict(config or mma_config(m, n, k, w.qtype))
+    targs = _type_args(w, cfg["BLOCK_K"])
     ks, split = splitk_split(k, cfg["BLOCK_K"], cfg.pop("SPLIT_K", 1))
-    ws = out if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    ws = out if split == 1 else torch.empty(split, m, 2 * n if silu_mul else n, dtype=torch.float32,
+                                            device=x.device)
     b = bias if bias is not None else x
     pdl = launch_kwargs(x.device, options.pdl)
     _mma_kernel[(triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]), split)](
-        x, w.blocks, w.blocks.view(torch.float16), b, out, ws, m, n, x.stride(0), out.stride(0), KS=ks,
-        **_type_args(w, cfg["BLOCK_K"]), HAS_BIAS=bias is not None, SPLIT_K=split,
+        x, w.blocks, w.blocks.view(torch.float16), b, out, ws, m, n, x.stride(0), out.stride(0), KS=ks, **targs,
+        HAS_BIAS=bias is not None, SILU_MUL=silu_mul, SPLIT_K=split,
         DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32", **cfg, **pdl,
     )
     if split > 1:
         _splitk_reduce_kernel[(triton.cdiv(n, 512), m)](
-            ws, b, out, m, n, out.stride(0), HAS_BIAS=bias is not None, SILU_MUL=False, SPLIT_K=split,
+            ws, b, out, m, n, out.stride(0), HAS_BIAS=bias is not None, SILU_MUL=silu_mul, SPLIT_K=split,
             BLOCK_N=512, num_warps=4, **pdl,
         )
     return out
 
 
 def gguf_linear(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None,
-                options: KernelOptions = DEFAULT_OPTIONS, out: torch.Tensor | None = None) -> torch.Tensor:
+                options: KernelOptions = DEFAULT_OPTIONS, out: torch.Tensor | None = None,
+                silu_mul: bool = False) -> torch.Tensor:
     """x [M, K] @ dequant(w)^T (+ bias) -> [M, N] in x's dtype: on CUDA the GEMV for M <= GEMV_MAX_ROWS and
-    the tensor-core kernel above; elsewhere gguf_linear_ref. `out`: the buffer to write it into (returned)."""
-    x = _check(x, w, bias)
+    the tensor-core kernel above; elsewhere gguf_linear_ref. `out`: the buffer to write it into (returned).
+    silu_mul: w stacks [gate; up]; the result is silu(x @ gate^T) * (x @ up^T), [M, N / 2]."""
+    x = _check(x, w, bias, silu_mul)
     if not x.is_cuda:
-        y = gguf_linear_ref(x, w, bias)
-        return y if out is None else _out(x, w, out).copy_(y)
+        y = gguf_linear_ref(x, w, bias, silu_mul)
+        return y if out is None else _out(x, y.shape[1], out).copy_(y)
     if x.shape[0] <= GEMV_MAX_ROWS:
-        return gguf_gemv(x, w, bias, options=options, out=out)
-    return gguf_mma(x, w, bias, options=options, out=out)
+        return gguf_gemv(x, w, bias, options=options, out=out, silu_mul=silu_mul)
+    return gguf_mma(x, w, bias, options=options, out=out, silu_mul=silu_mul)
 
 
-def gguf_linear_ref(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The reference: loader/dequant.py's float32 weight, F.linear in float32, rounded once to x's dtype."""
-    x = _check(x, w, bias)
+def gguf_linear_ref(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None,
+                    silu_mul: bool = False) -> torch.Tensor:
+    """The reference: loader/dequant.py's float32 weight, F.linear in float32 (then SiLU-and-mul of its two
+    halves with silu_mul), rounded once to x's dtype."""
+    x = _check(x, w, bias, silu_mul)
     y = F.linear(x.float(), w.dequantize(torch.float32), None if bias is None else bias.float())
+    if silu_mul:
+        y = F.silu(y[:, : w.shape[0] // 2]) * y[:, w.shape[0] // 2 :]
     return y.to(x.dtype)
 
 
