@@ -11,8 +11,10 @@ float32, so the dequantized values are bit-identical (gguf_dequantize checks it;
     of x reuses each dequantized tile; float32 FMA reductions, no tensor cores.
   * _mma_kernel (more rows: prefill, big batches): tiles dequantized in the load, cast to x's dtype, and
     tl.dot; K optionally split across programs (float32 partials summed by linear.py's reduce kernel).
-gguf_linear picks the kernel on CUDA and falls back to gguf_linear_ref (dequantize, then F.linear in
-float32) elsewhere. Shapes alone pick configs and buffers: no host syncs, CUDA-graph capturable. PDL as
+Epilogues: bias; silu_mul for a [gate; up] stacked weight (silu(gate) * up from the float32 sums); out= to
+write into a column slice (a fused projection whose parts differ in type: the 1.5B's v is Q6_K in half its
+layers, q and k Q4_K). gguf_linear picks the kernel on CUDA and falls back to gguf_linear_ref (dequantize,
+then F.linear in float32) elsewhere. Shapes alone pick configs and buffers: no host syncs, CUDA-graph capturable. PDL as
 kernels/pdl.py: the GEMV requests its first weight tile before it waits for the previous kernel.
 Rounding: one float32 accumulation per output, rounded once to x's dtype.
 """
