@@ -25,6 +25,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("verispec.models",),
     ("verispec.attention",),
     ("verispec.kernels",),
+    # Pure torch ggml dequantization (imports nothing of verispec): the loader's, and the reference of
+    # kernels/gguf_matmul.py.
+    ("verispec.loader.dequant",),
     ("verispec.config", "verispec.outputs", "verispec.sampling_params"),
     ("verispec.core",),
 ]

@@ -1,0 +1,231 @@
+"""Speed of the GGUF-block kernels (verispec/kernels/gguf_matmul.py) against dense bf16 at the 1.5B's layer shapes.
+
+For each layer shape (qkv, o, gate_up, down, lm_head) and row count M: dense = the repo's linear() and
+F.linear on a bf16 weight; gguf = gguf_linear's pick (the GEMV up to GEMV_MAX_ROWS rows, the tensor-core
+kernel above) with its default tiles. Each line gives us per call, GB/s and the fraction of the H200's
+4.8 TB/s HBM bandwidth from the bytes read (weights + x + out). A second pass (until --budget-s) tries
+alternative tiles of the kernel(s) for each case and prints the best, so one run finds better defaults.
+CUDA timing: bench/linear.py's _time (calls replayed from a CUDA graph, cycling through weight copies
+totalling > 4x L2, so the bytes come from HBM). --device cpu: a dry run in Triton's interpreter at tiny
+shapes (wall-clock, meaningless as speed: it checks that everything runs).
+usage: python3 scripts/gguf_bench.py [--device cpu --shapes tiny] [--rows 1,16,64] [--qtypes Q4_K,Q6_K]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+
+from verispec.kernels import gguf_matmul as gm
+
+HBM = 4.8e12  # the H200's nominal HBM bandwidth (bench/hardware.py's 4.3e12 is the measured copy rate)
+L2_BYTES = 50 << 20
+SHAPES = {
+    "1.5b": [("qkv", 2048, 1536), ("o", 1536, 1536), ("gate_up", 17920, 1536), ("down", 1536, 8960),
+             ("lm_head", 151936, 1536)],
+    "tiny": [("qkv", 40, 256), ("down", 24, 512), ("lm_head", 100, 256)],
+}
+
+
+def timer(device: str, iters: int):
+    """fn(w), weights -> seconds per call: CUDA-graph replay on CUDA, wall clock (one call) on CPU."""
+    if device == "cuda":
+        from verispec.bench.linear import _time
+
+        return lambda fn, weights: _time(fn, weights, iters)
+
+    def wall(fn, weights):
+        fn(weights[0])
+        t = time.perf_counter()
+        fn(weights[0])
+        return time.perf_counter() - t
+
+    return wall
+
+
+def gemv_configs(m: int) -> list[dict]:
+    """BLOCK_N x BLOCK_K tiles with 4..64 weight elements per thread; at one row also the single-row
+    variant (BLOCK_M 1) of the same tiles."""
+    out = []
+    for bm, bn, bk, w in itertools.product([1, gm.GEMV_MAX_ROWS] if m == 1 else [gm.GEMV_MAX_ROWS],
+                                           [1, 2, 4, 8, 16], [256, 512, 1024], [4, 8]):
+        if 4 <= bn * bk // (32 * w) <= 64:
+            out.append(dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=w))
+    return out
+
+
+def near(configs: list[dict], default: dict | None) -> list[dict]:
+    """configs sorted by how far (in powers of two) their tiles are from the default's."""
+    if default is None:
+        return configs
+    d = default["config"]
+
+    def dist(c: dict) -> float:
+        return sum(abs(math.log2(c[key]) - math.log2(d[key])) for key in c if key in d)
+
+    return sorted(configs, key=dist)
+
+
+def mma_configs(m: int, n: int, k: int, qtype: int) -> list[dict]:
+    """A few tiles around mma_config's: wider / narrower N and K tiles, 8 warps, split K on or off."""
+    base = gm.mma_config(m, n, k, qtype)
+    out = []
+    for bn, bk, w, st in [(64, 64, 4, 3), (128, 64, 4, 3), (64, 128, 4, 3), (128, 128, 8, 3), (32, 64, 4, 3),
+                          (64, 32, 4, 4), (128, 32, 4, 4), (256, 64, 8, 3)]:
+        for split in sorted({1, base["SPLIT_K"]}):
+            out.append(dict(BLOCK_M=base["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, num_warps=w,
+                            num_stages=st))
+    return out
+
+
+def measure(ctx: dict, m: int, kname: str, c: dict, default: bool) -> dict | None:
+    """Time one kernel config on one case (ctx: the shape's inputs, weights and dense times); the result row."""
+    fn = gm.gguf_gemv if kname == "gemv" else gm.gguf_mma
+    x = ctx["xs"][m]
+    try:
+        t = ctx["time_it"](lambda w: fn(x, w, config=c), ctx["ws"])
+    except Exception as e:  # noqa: BLE001 - a tile that does not compile (out of resources)
+        print(f"  {kname} {c}: {type(e).__name__}: {str(e)[:120]}")
+        return None
+    d_lin, d_f, io = ctx["dense_t"][m]
+    d_best, nbytes, n, k = min(d_lin, d_f), ctx["nbytes_w"] + io, ctx["n"], ctx["k"]
+    r = dict(layer=ctx["layer"], n=n, k=k, m=m, qtype=gm.type_name(ctx["qt"]), kernel=kname, config=c, us=t * 1e6,
+             gbs=nbytes / t / 1e9, hbm=nbytes / t / HBM, dense_us=d_best * 1e6,
+             dense_hbm=(n * k * 2 + io) / d_best / HBM, linear_us=d_lin * 1e6, flinear_us=d_f * 1e6, default=default)
+    ctx["results"].append(r)
+    return r
+
+
+def copies(device: str, nbytes: int) -> int:
+    """Weight copies per case: > 4x L2 in all on CUDA (HBM, not cache, bandwidth), one on CPU."""
+    return max(2, math.ceil(4 * L2_BYTES / nbytes)) if device == "cuda" else 1
+
+
+def line(r: dict) -> str:
+    return (f"{r['layer']:>8} {r['n']}x{r['k']} M={r['m']:<3} {r['qtype']:>5} {r['kernel']:>5}: "
+            f"{r['us']:8.1f} us {r['gbs']:6.0f} GB/s {100 * r['hbm']:4.0f}% | dense {r['dense_us']:7.1f} us "
+            f"{100 * r['dense_hbm']:4.0f}% (F.linear {r['flinear_us']:.1f}) x{r['dense_us'] / r['us']:.2f} {r['config']}")
+
+
+def run_shape(args, layer: tuple[str, int, int], deadline: float, time_it, results: list[dict]) -> None:
+    """One layer shape: dense bf16, then each type with its default tiles (checked against the reference),
+    then the sweep of --sweep-qtypes until `deadline`."""
+    name, n, k = layer
+    dev, rows = args.device, args.rows
+    dtype = torch.bfloat16 if dev == "cuda" else torch.float32
+    if dev == "cuda":
+        from verispec.kernels.linear import linear
+    else:
+        linear = F.linear
+    dense = [torch.randn(n, k, device=dev, dtype=dtype) * k**-0.5 for _ in range(copies(dev, n * k * 2))]
+    xs = {m: torch.randn(m, k, device=dev, dtype=dtype) for m in rows}
+    # (linear() s, F.linear s, bytes of x and out) per M
+    dense_t = {m: (time_it(lambda w, x=x: linear(x, w), dense), time_it(lambda w, x=x: F.linear(x, w), dense),
+                   x.numel() * x.element_size() * (1 + n / k)) for m, x in xs.items()}
+    del dense
+    for qt in args.qtypes:
+        if k % gm.GGML_QUANT_SIZES[gm.T(qt)][0]:
+            continue
+        nbytes_w = gm.random_weight(qt, 1, k).nbytes * n
+        ws = [gm.random_weight(qt, n, k, seed=i, device=dev) for i in range(copies(dev, nbytes_w))]
+        ctx = dict(layer=name, n=n, k=k, qt=qt, xs=xs, ws=ws, dense_t=dense_t, nbytes_w=nbytes_w,
+                   time_it=time_it, results=results)
+        defaults = {}
+        for m in rows:  # pass 1: gguf_linear's pick with its default tiles, checked against the reference
+            kname = "gemv" if m <= gm.GEMV_MAX_ROWS else "mma"
+            cfg = (gm.gemv_config if kname == "gemv" else gm.mma_config)(m, n, k, qt)
+            ref = gm.gguf_linear_ref(xs[m], ws[0]).float()
+            out = (gm.gguf_gemv if kname == "gemv" else gm.gguf_mma)(xs[m], ws[0], config=cfg)
+            err = (out.float() - ref).abs().max().item() / ref.abs().max().item()
+            r = measure(ctx, m, kname, cfg, True)
+            if r is not None:
+                defaults[m] = r
+                r["rel_err"] = err
+                print(line(r) + f" err {err:.1e}" + ("" if err < 2e-2 else " ** WRONG **"), flush=True)
+        if qt not in args.sweep_qtypes:
+            continue
+        # pass 2: other tiles, round-robin over the cases (each case's closest alternatives first), so a cut
+        # by the budget leaves a few tried per case
+        groups = [[(m, "gemv", c) for c in near(gemv_configs(m), defaults.get(m))] for m in rows
+                  if m <= gm.GEMV_MAX_ROWS]
+        groups += [[(m, "mma", c) for c in mma_configs(m, n, k, qt)] for m in rows if m >= 8]
+        todo = [g[i] for i in range(max(map(len, groups), default=0)) for g in groups if i < len(g)]
+        best = dict(defaults)
+        for i, (m, kname, c) in enumerate(todo):
+            if time.time() > deadline:
+                print(f"  ({name}: sweep budget spent, {len(todo) - i} of {len(todo)} configs untried)")
+                break
+            if m in defaults and c == defaults[m]["config"]:
+                continue
+            r = measure(ctx, m, kname, c, False)
+            if r is not None and (m not in best or r["us"] < best[m]["us"]):
+                best[m] = r
+        for m in rows:
+            if m in best and not best[m]["default"]:
+                print("   best " + line(best[m]), flush=True)
+        del ws
+
+
+# The 1.5B Q4_K_M file's linear layers (checked with loader/gguf.py): 28 layers of q / k / o / gate / up in
+# Q4_K, down in Q4_K in 14 layers and Q6_K in 14 (v too, a small share of qkv, counted as Q4_K here), and
+# an untied Q6_K output (LM head).
+STEP_MIX = {"gguf": [("qkv", "Q4_K", 28), ("o", "Q4_K", 28), ("gate_up", "Q4_K", 28), ("down", "Q4_K", 14),
+                     ("down", "Q6_K", 14), ("lm_head", "Q6_K", 1)],
+            "dense": [("qkv", 28), ("o", 28), ("gate_up", 28), ("down", 28), ("lm_head", 1)]}
+
+
+def step_estimate(results: list[dict], rows: list[int]) -> None:
+    """Per M: the 1.5B's linear layers of one step, summed from the default-tile lines (gguf vs dense)."""
+    got = {(r["layer"], r["qtype"], r["m"]): r for r in results if r["default"]}
+    for m in rows:
+        try:
+            g = sum(c * got[(layer, q, m)]["us"] for layer, q, c in STEP_MIX["gguf"])
+            d = sum(c * got[(layer, "Q4_K", m)]["dense_us"] for layer, c in STEP_MIX["dense"])
+        except KeyError:
+            continue
+        print(f"  1.5B linear layers per step, M={m:<3}: gguf {g:8.0f} us vs dense bf16 {d:8.0f} us (x{d / g:.2f}); "
+              f"at M=1 that bounds decode at {1e6 / g:.0f} vs {1e6 / d:.0f} tok/s" if m == 1 else
+              f"  1.5B linear layers per step, M={m:<3}: gguf {g:8.0f} us vs dense bf16 {d:8.0f} us (x{d / g:.2f})")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--shapes", default="1.5b", choices=sorted(SHAPES))
+    ap.add_argument("--rows", default="1,2,4,8,16,64,256")
+    ap.add_argument("--qtypes", default="Q4_K,Q6_K", help="types timed with the default tiles")
+    ap.add_argument("--sweep-qtypes", default="Q4_K", help="types whose tiles are swept (second pass)")
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--budget-s", type=float, default=150.0, help="no new sweep config after this many seconds")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    args.rows = [int(r) for r in args.rows.split(",")]
+    args.qtypes = [int(gm.T[q]) for q in args.qtypes.split(",")]
+    args.sweep_qtypes = [int(gm.T[q]) for q in args.sweep_qtypes.split(",") if q]
+    t0, results = time.time(), []
+    time_it = timer(args.device, args.iters)
+    shapes = SHAPES[args.shapes]
+    for i, layer in enumerate(shapes):
+        deadline = t0 + args.budget_s * (i + 1) / len(shapes)  # each shape's share of the sweep budget
+        try:
+            run_shape(args, layer, deadline, time_it, results)
+        except Exception as e:  # noqa: BLE001 - one shape failing (a compile, memory) must not cost the others
+            print(f"  {layer}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+    if args.shapes == "1.5b":
+        step_estimate(results, args.rows)
+    print(f"done in {time.time() - t0:.0f} s")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,253 @@
+"""The GGUF-block kernels (kernels/gguf_matmul.py) against loader/dequant.py + float32 F.linear, on random
+valid blocks of every type and odd shapes (Triton's interpreter on CPU, compiled bf16 at real shapes on
+CUDA), and on real tensors of the 0.5B's GGUF file."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.constants import GGMLQuantizationType as T
+
+from verispec.kernels import gguf_matmul as gm
+
+TYPES = [pytest.param(t, id=gm.type_name(t)) for t in sorted(gm.KERNEL_TYPES)]
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+rand_weight = gm.random_weight
+
+
+def test_kernel_types_cover_the_registry_files_and_the_issue():
+    """Q5_0 / Q8_0 / Q4_K / Q6_K: the 0.5B's and gemma-3-270m's quantized tensors; Q5_K: the issue."""
+    assert {gm.type_name(t) for t in gm.KERNEL_TYPES} >= {"Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q5_0"}
+    assert set(gm.F16_FIELDS) == set(gm.KERNEL_TYPES) == set(gm.GROUP)
+
+
+def block_elems(qtype: int) -> int:
+    return GGML_QUANT_SIZES[T(qtype)][0]
+
+
+def test_random_blocks_are_valid():
+    for t in gm.KERNEL_TYPES:
+        w = rand_weight(t, 3, 256, seed=t)
+        v = w.dequantize()
+        assert v.isfinite().all() and v.abs().max() < 100 and v.std() > 1e-3, gm.type_name(t)
+
+
+def rand(*shape, seed: int, device: str = "cpu", dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(device, dtype)
+
+
+def close(out: torch.Tensor, ref: torch.Tensor, rel: float) -> None:
+    """Every element within rel of the output's scale (max |ref|): the K-sums mix signs, so a plain rtol
+    would fail on outputs that happen to be near 0."""
+    assert out.shape == ref.shape and out.dtype == ref.dtype and not out.isnan().any()
+    err = (out.float() - ref.float()).abs().max().item()
+    assert err <= rel * ref.float().abs().max().item(), (err, ref.float().abs().max().item())
+
+
+def small_k(qtype: int, tail: bool = False) -> int:
+    """K of the interpreter tests: 2 K-quant blocks (3 with `tail`: a 512 tile leaves a tail) or 5 of 32."""
+    return (768 if tail else 512) if block_elems(qtype) == 256 else 160
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("block_n,block_k", [(16, 256), (8, 512)])  # 512 does not divide 768 nor 160: a K tail
+def test_dequant_tile_is_bit_exact(qtype, block_n, block_k):
+    w = rand_weight(qtype, 37, small_k(qtype, tail=True), seed=qtype)
+    out = gm.gguf_dequantize(w, block_n, block_k)
+    assert torch.equal(out, w.dequantize())
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("m,bias", [(1, False), (3, True), (16, True)])
+def test_gemv(qtype, m, bias):
+    n, k = 37, small_k(qtype)
+    w = rand_weight(qtype, n, k, seed=m + qtype)
+    x = rand(m, k, seed=m)
+    b = rand(n, seed=n) if bias else None
+    close(gm.gguf_gemv(x, w, b), gm.gguf_linear_ref(x, w, b), 1e-5)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_gemv_tiles_and_strided_rows(qtype):
+    """A tile that does not divide K, several rows per program, and x a row-strided view."""
+    k = small_k(qtype, tail=True)
+    w = rand_weight(qtype, 19, k, seed=3)
+    x = rand(10, k + 32, seed=4)[::2, :k]
+    cfg = dict(BLOCK_M=8, BLOCK_N=4, BLOCK_K=512, num_warps=4)
+    close(gm.gguf_gemv(x, w, config=cfg), gm.gguf_linear_ref(x, w), 1e-5)
+    one = dict(BLOCK_M=1, BLOCK_N=4, BLOCK_K=512, num_warps=4)  # the single-row variant
+    close(gm.gguf_gemv(x[1:2], w, config=one), gm.gguf_linear_ref(x[1:2], w), 1e-5)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("m,split", [(17, 1), (45, 2), (3, 3)])
+def test_mma(qtype, m, split):
+    """The tensor-core kernel (float32 tiles in the interpreter: exact products), with and without split K
+    (3 splits of 160 or 512 leave uneven ranges), odd M and N, a bias."""
+    n, k = 45, small_k(qtype)
+    w = rand_weight(qtype, n, k, seed=m + split)
+    x, b = rand(m, k, seed=m), rand(n, seed=7)
+    cfg = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, SPLIT_K=split, num_warps=4, num_stages=2)
+    close(gm.gguf_mma(x, w, b, config=cfg), gm.gguf_linear_ref(x, w, b), 1e-5)
+
+
+SILU_TYPES = [pytest.param(int(t), id=t.name) for t in (T.Q4_K, T.Q6_K, T.Q5_0)]
+
+
+@pytest.mark.parametrize("qtype", SILU_TYPES)
+@pytest.mark.parametrize("kernel,m,cfg", [
+    ("gemv", 1, dict(BLOCK_M=1, BLOCK_N=4, BLOCK_K=256, num_warps=4)),
+    ("gemv", 5, None),
+    ("mma", 19, dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=64, SPLIT_K=1, num_warps=4, num_stages=2)),
+    ("mma", 19, dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=64, SPLIT_K=2, num_warps=4, num_stages=2)),
+])
+def test_silu_mul(qtype, kernel, m, cfg):
+    """gate_up stacked [gate; up]: silu(x @ gate^T) * (x @ up^T) in the epilogue (split K: in the reduce)."""
+    inter, k = 21, small_k(qtype)
+    w = rand_weight(qtype, 2 * inter, k, seed=m)
+    x = rand(m, k, seed=m + 1) * 0.02  # gate sums of a few units: SiLU's curved part, no exp overflow
+    run = gm.gguf_gemv if kernel == "gemv" else gm.gguf_mma
+    out = run(x, w, config=cfg, silu_mul=True)
+    ref = gm.gguf_linear_ref(x, w, silu_mul=True)
+    assert ref.shape == (m, inter)
+    close(out, ref, 1e-5)
+
+
+def test_the_comparison_can_fail():
+    """A weight one scale field off gives outputs the checks above reject."""
+    w = rand_weight(int(T.Q4_K), 37, 768, seed=1)
+    bad = w.blocks.clone()
+    bad[5, 0:2] = torch.tensor([1.0], dtype=torch.float16).view(torch.uint8)
+    x = rand(2, 768, seed=2)
+    wrong = gm.GGUFWeight(bad, w.qtype, w.shape)
+    assert not torch.equal(gm.gguf_dequantize(wrong), w.dequantize())
+    with pytest.raises(AssertionError):
+        close(gm.gguf_gemv(x, wrong), gm.gguf_linear_ref(x, w), 1e-5)
+
+
+def test_linear_on_cpu_is_the_reference_and_empty_rows():
+    w = rand_weight(int(T.Q8_0), 9, 64, seed=5)
+    x = rand(3, 64, seed=6, dtype=torch.bfloat16)
+    out = gm.gguf_linear(x, w)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, gm.gguf_linear_ref(x, w))
+    assert gm.gguf_gemv(x[:0], w).shape == (0, 9) and gm.gguf_mma(x[:0], w).shape == (0, 9)
+
+
+def test_bad_input_is_a_value_error():
+    w = rand_weight(int(T.Q6_K), 4, 256, seed=0)
+    with pytest.raises(ValueError, match="no kernel for ggml Q2_K"):
+        gm.GGUFWeight.from_raw(torch.zeros(84, dtype=torch.uint8), int(T.Q2_K), (1, 256))
+    with pytest.raises(ValueError, match="needs 840 uint8 bytes"):
+        gm.GGUFWeight.from_raw(w.blocks.reshape(-1)[:-1], w.qtype, w.shape)
+    with pytest.raises(ValueError, match="not a multiple"):
+        gm.GGUFWeight(torch.zeros(4, 105, dtype=torch.uint8), w.qtype, (4, 128))
+    with pytest.raises(ValueError, match="2-D"):
+        gm.GGUFWeight.from_raw(w.blocks, w.qtype, (4, 256, 1))
+    with pytest.raises(ValueError, match=r"floating \[M, 256\]"):
+        gm.gguf_linear(torch.zeros(2, 255), w)
+    with pytest.raises(ValueError, match=r"bias must be \[4\]"):
+        gm.gguf_gemv(torch.zeros(2, 256), w, torch.zeros(5))
+    with pytest.raises(ValueError, match="BLOCK_K=8 must be a power of two >= 16"):
+        gm.gguf_mma(torch.zeros(2, 256), w, config=dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=8))
+    with pytest.raises(ValueError, match="exceed BLOCK_M"):
+        gm.gguf_gemv(torch.zeros(3, 256), w, config=dict(BLOCK_M=2, BLOCK_N=2, BLOCK_K=256))
+    with pytest.raises(ValueError, match="silu_mul needs"):
+        gm.gguf_linear(torch.zeros(2, 256), rand_weight(int(T.Q6_K), 5, 256, seed=0), silu_mul=True)
+    with pytest.raises(ValueError, match="one type, K and device"):
+        gm.GGUFWeight.cat([w, rand_weight(int(T.Q4_K), 4, 256, seed=0)])
+
+
+@pytest.mark.parametrize("kernel", ["gemv", "mma", "linear"])
+def test_parts_of_different_types_write_one_output(kernel):
+    """A fused projection whose parts differ in type (the 1.5B's q / k Q4_K, v Q6_K in half its layers):
+    each part writes its columns of one [M, N] buffer through out=, and nothing else of it."""
+    q, v = rand_weight(int(T.Q4_K), 24, 256, seed=1), rand_weight(int(T.Q6_K), 9, 256, seed=2)
+    m = 3 if kernel == "gemv" else 20
+    x = rand(m, 256, seed=3)
+    out = torch.full((m, 40), 7.0)
+    run = dict(gemv=gm.gguf_gemv, mma=gm.gguf_mma, linear=gm.gguf_linear)[kernel]
+    assert run(x, q, out=out[:, :24]).data_ptr() == out.data_ptr()
+    run(x, v, out=out[:, 24:33])
+    close(out[:, :24], gm.gguf_linear_ref(x, q), 1e-5)
+    close(out[:, 24:33], gm.gguf_linear_ref(x, v), 1e-5)
+    assert (out[:, 33:] == 7.0).all()
+    with pytest.raises(ValueError, match="out must be"):
+        run(x, v, out=out[:, :8])
+
+
+def test_cat_stacks_rows():
+    a, b = rand_weight(int(T.Q5_0), 3, 64, seed=1), rand_weight(int(T.Q5_0), 5, 64, seed=2)
+    both = gm.GGUFWeight.cat([a, b])
+    assert both.shape == (8, 64) and torch.equal(both.dequantize(), torch.cat([a.dequantize(), b.dequantize()]))
+
+
+def test_real_tensors_of_the_05b(qwen05_path):
+    """Layer 0's linear weights of the real 0.5B (Q5_0, Q8_0, Q6_K) and a Q4_K one (layer 11's down):
+    the kernels' dequantization equals loader/dequant.py's bit for bit on the whole tensor, and both
+    kernels match the reference on a slice of rows (the interpreter is slow on whole layers)."""
+    from verispec.loader.gguf import GGUFFile
+
+    f = GGUFFile(qwen05_path)
+    names = [f"blk.0.{p}.weight" for p in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
+                                            "ffn_down")] + ["blk.11.ffn_down.weight"]
+    seen = set()
+    for name in names:
+        w = gm.GGUFWeight.from_gguf(f, name)
+        seen.add(gm.type_name(w.qtype))
+        assert w.shape == f.tensor(name).shape and w.nbytes == f.tensor(name).nbytes
+        assert torch.equal(gm.gguf_dequantize(w, 256, 1024), w.dequantize()), name
+        rows = gm.GGUFWeight(w.blocks[:21], w.qtype, (21, w.shape[1]))
+        x = rand(17, w.shape[1], seed=len(name))
+        gemv_cfg = dict(BLOCK_M=8, BLOCK_N=32, BLOCK_K=1024, num_warps=4)  # big tiles: few interpreted programs
+        close(gm.gguf_gemv(x[:5], rows, config=gemv_cfg), gm.gguf_linear_ref(x[:5], rows), 1e-5)
+        cfg = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=256, SPLIT_K=2, num_warps=4, num_stages=2)
+        close(gm.gguf_mma(x, rows, config=cfg), gm.gguf_linear_ref(x, rows), 1e-5)
+    assert seen == {"Q5_0", "Q8_0", "Q6_K", "Q4_K"}
+
+
+# Real layer shapes of the 1.5B: qkv and down (o, gate_up and the LM head: scripts/gguf_bench.py checks them).
+GPU_SHAPES = [(2048, 1536), (1536, 8960)]
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("n,k", GPU_SHAPES)
+def test_gpu_real_shapes(qtype, n, k):
+    """bf16 activations at the 1.5B's shapes, both kernels through gguf_linear's dispatch: the GEMV's
+    float32 products leave only the output's rounding; the tensor-core kernel also rounds W to bf16."""
+    w = rand_weight(qtype, n, k, seed=n + k, device="cuda")
+    b = rand(n, seed=1, device="cuda", dtype=torch.bfloat16)
+    for m in (1, 5, 16, 17, 256):  # the GEMV (one compile for all), partial and full tensor-core tiles
+        x = rand(m, k, seed=m, device="cuda", dtype=torch.bfloat16)
+        close(gm.gguf_linear(x, w, b), gm.gguf_linear_ref(x, w, b), 1e-2)
+    assert torch.equal(gm.gguf_dequantize(w), w.dequantize())
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_gate_up_silu_mul():
+    """The 1.5B's gate_up (Q4_K, [gate; up] 17920 x 1536) with SiLU-and-mul fused, both kernels."""
+    w = rand_weight(int(T.Q4_K), 17920, 1536, seed=4, device="cuda")
+    for m in (1, 7, 64):
+        x = rand(m, 1536, seed=m, device="cuda", dtype=torch.bfloat16)
+        close(gm.gguf_linear(x, w, silu_mul=True), gm.gguf_linear_ref(x, w, silu_mul=True), 1e-2)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("m", [1, 8, 64])
+def test_gpu_cuda_graph_capture(m):
+    """gguf_linear captured in a CUDA graph (split-K workspace included) replays on new inputs."""
+    w = rand_weight(int(T.Q4_K), 1536, 8960, seed=0, device="cuda")
+    x = rand(m, 8960, seed=1, device="cuda", dtype=torch.bfloat16)
+    gm.gguf_linear(x, w)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = gm.gguf_linear(x, w)
+    for seed in (2, 3):
+        x.copy_(rand(m, 8960, seed=seed, device="cuda", dtype=torch.bfloat16))
+        graph.replay()
+        close(out, gm.gguf_linear_ref(x, w), 1e-2)

@@ -1,0 +1,483 @@
+"""Linear layers on GGUF weights as stored: y = x @ dequant(W)^T (+ bias), dequantized inside the kernels.
+
+GGUFWeight holds a weight's raw ggml blocks row by row ([N, K // block_elems * block_bytes] uint8, exactly
+the file's bytes). Every kernel dequantizes a tile [BLOCK_N, BLOCK_K // G, G] of it in registers through
+dequant_tile: G elements of a row share one scale (and bias), so the scale fields are loaded once per
+group and broadcast, and the quants of a group are G consecutive bytes (nibbles, bit planes) of the block.
+The arithmetic is loader/dequant.py's (ggml's reference): every product of a scale and a quant is exact in
+float32, so the dequantized values are bit-identical (gguf_dequantize checks it; tests compare).
+  * _gemv_kernel (1..GEMV_MAX_ROWS rows: decode, verify): each program streams BLOCK_N rows of W once,
+    K in BLOCK_K tiles (the next tile's bytes requested before the current one is reduced), and every row
+    of x reuses each dequantized tile; float32 FMA reductions, no tensor cores.
+  * _mma_kernel (more rows: prefill, big batches): tiles dequantized in the load, cast to x's dtype, and
+    tl.dot; K optionally split across programs (float32 partials summed by linear.py's reduce kernel).
+Epilogues: bias; silu_mul for a [gate; up] stacked weight (silu(gate) * up from the float32 sums); out= to
+write into a column slice (a fused projection whose parts differ in type: the 1.5B's v is Q6_K in half its
+layers, q and k Q4_K). gguf_linear picks the kernel on CUDA and falls back to gguf_linear_ref (dequantize,
+then F.linear in float32) elsewhere. Shapes alone pick configs and buffers: no host syncs, CUDA-graph capturable. PDL as
+kernels/pdl.py: the GEMV requests its first weight tile before it waits for the previous kernel.
+Rounding: one float32 accumulation per output, rounded once to x's dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from verispec.core.options import DEFAULT_OPTIONS, KernelOptions
+from verispec.kernels.linear import _splitk_reduce_kernel, splitk_split
+from verispec.kernels.pdl import launch_kwargs, wait_prior
+from verispec.loader.dequant import dequantize
+
+T = GGMLQuantizationType
+# ggml type id -> G, the elements that share one scale (and bias) in dequant_tile's tiles.
+GROUP: dict[int, int] = {T.Q4_0: 16, T.Q4_1: 16, T.Q5_0: 16, T.Q5_1: 16, T.Q8_0: 32,
+                         T.Q4_K: 32, T.Q5_K: 32, T.Q6_K: 16}
+KERNEL_TYPES: frozenset[int] = frozenset(int(t) for t in GROUP)
+GEMV_MAX_ROWS = 16  # above this many rows gguf_linear takes the tensor-core kernel
+# Byte offsets of each type's float16 fields (d, and dmin / m where it has one) within a block.
+F16_FIELDS: dict[int, tuple[int, ...]] = {T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,),
+                                          T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
+
+_Q4_0, _Q4_1, _Q5_0, _Q5_1, _Q8_0 = tl.constexpr(2), tl.constexpr(3), tl.constexpr(6), tl.constexpr(7), tl.constexpr(8)
+_Q4_K, _Q5_K, _Q6_K = tl.constexpr(12), tl.constexpr(13), tl.constexpr(14)
+
+
+class _TensorSource(Protocol):
+    """What GGUFWeight.from_gguf reads: loader/gguf.py's GGUFFile (kernels may not import the loader)."""
+
+    def tensor(self, name: str): ...  # -> GGUFTensorInfo (.ggml_type, .shape)
+
+    def raw(self, name: str) -> torch.Tensor: ...
+
+
+def type_name(qtype: int) -> str:
+    """``Q4_K`` for a ggml type id (``type <id>`` if unknown)."""
+    try:
+        return T(qtype).name
+    except ValueError:
+        return f"type {qtype}"
+
+
+def random_weight(qtype: int, n: int, k: int, seed: int = 0, device: torch.device | str = "cpu") -> GGUFWeight:
+    """Random but valid blocks (tests, benches): random bytes with the float16 fields overwritten by values
+    of either sign in 2^-10..2^-6 (random bytes there would be NaN, inf or huge). Made on the CPU, then
+    copied (kernels/pdl.py: a weight must not come from the kernel right before a PDL launch)."""
+    _check_type(qtype)
+    g = torch.Generator().manual_seed(seed)
+    qk, size = GGML_QUANT_SIZES[T(qtype)]
+    if k % qk:
+        raise ValueError(f"random_weight: K={k} is not a multiple of the {type_name(qtype)} block of {qk}")
+    b = torch.randint(0, 256, (n * (k // qk), size), generator=g, dtype=torch.uint8)
+    for off in F16_FIELDS[qtype]:
+        mag = torch.exp2(-10 + 4 * torch.rand(b.shape[0], generator=g))
+        sign = torch.randint(0, 2, (b.shape[0],), generator=g) * 2 - 1
+        b[:, off : off + 2] = (mag * sign).to(torch.float16).view(torch.uint8).reshape(-1, 2)
+    return GGUFWeight.from_raw(b, qtype, (n, k), device=device)
+
+
+def _check_type(qtype: int) -> None:
+    if qtype not in KERNEL_TYPES:
+        names = ", ".join(sorted(type_name(t) for t in KERNEL_TYPES))
+        raise ValueError(f"GGUFWeight: no kernel for ggml {type_name(qtype)}; supported: {names}")
+
+
+@dataclass(frozen=True, eq=False)
+class GGUFWeight:
+    """A linear layer's weight [N, K] kept in its GGUF blocks: `blocks` uint8 [N, K // block_elems *
+    block_bytes] (row n = the blocks of output row n, as stored), `qtype` the ggml type id, `shape` (N, K).
+    Rows move as byte rows: a row permutation of the weight (loader/weights.py's unpermute_rope for Llama's
+    q / k) is the same permutation of `blocks`. Compared by identity (it holds a tensor)."""
+
+    blocks: torch.Tensor
+    qtype: int
+    shape: tuple[int, int]
+
+    def __post_init__(self) -> None:
+        _check_type(self.qtype)
+        if len(self.shape) != 2 or min(self.shape) <= 0:
+            raise ValueError(f"GGUFWeight: shape must be (N, K) with N, K > 0, got {self.shape}")
+        n, k = self.shape
+        qk, size = GGML_QUANT_SIZES[T(self.qtype)]
+        if k % qk:
+            raise ValueError(f"GGUFWeight: K={k} is not a multiple of the {type_name(self.qtype)} block of {qk}")
+        want = (n, k // qk * size)
+        b = self.blocks
+        if b.dtype != torch.uint8 or tuple(b.shape) != want or b.stride(1) != 1 or b.stride(0) != want[1]:
+            raise ValueError(f"GGUFWeight: {type_name(self.qtype)} {self.shape} needs contiguous uint8 blocks of "
+                             f"shape {want}, got {b.dtype} {tuple(b.shape)} with strides {b.stride()}")
+
+    @classmethod
+    def from_raw(cls, raw: torch.Tensor, qtype: int, shape: tuple[int, ...],
+                 device: torch.device | str | None = None) -> GGUFWeight:
+        """From a tensor's raw bytes (any shape, e.g. GGUFFile.raw's flat view) and its torch-order shape."""
+        if len(shape) != 2:
+            raise ValueError(f"GGUFWeight: a linear weight is 2-D (N, K), got shape {tuple(shape)}")
+        _check_type(qtype)
+        n, k = (int(s) for s in shape)
+        qk, size = GGML_QUANT_SIZES[T(qtype)]
+        if raw.dtype != torch.uint8 or k % qk or raw.numel() != n * (k // qk) * size:
+            raise ValueError(f"GGUFWeight: {type_name(qtype)} {(n, k)} needs {n * (k // qk) * size} uint8 bytes "
+                             f"(K a multiple of {qk}), got {raw.numel()} of {raw.dtype}")
+        blocks = raw.reshape(n, k // qk * size).to(device if device is not None else raw.device).contiguous()
+        return cls(blocks, int(qtype), (n, k))
+
+    @classmethod
+    def from_gguf(cls, file: _TensorSource, name: str, device: torch.device | str | None = None) -> GGUFWeight:
+        """Tensor `name` of an opened GGUF file (loader/gguf.py's GGUFFile), copied to `device`."""
+        info = file.tensor(name)
+        return cls.from_raw(file.raw(name), info.ggml_type, info.shape, device)
+
+    @classmethod
+    def cat(cls, weights: list[GGUFWeight]) -> GGUFWeight:
+        """The weights stacked along N (a fused q/k/v or gate/up projection): one type and K for all."""
+        if not weights or len({(w.qtype, w.shape[1], w.blocks.device) for w in weights}) != 1:
+            desc = [(type_name(w.qtype), w.shape, str(w.blocks.device)) for w in weights]
+            raise ValueError(f"GGUFWeight.cat needs weights of one type, K and device, got {desc}")
+        return cls(torch.cat([w.blocks for w in weights]), weights[0].qtype,
+                   (sum(w.shape[0] for w in weights), weights[0].shape[1]))
+
+    def to(self, device: torch.device | str) -> GGUFWeight:
+        """The same weight with its blocks on `device`."""
+        return GGUFWeight(self.blocks.to(device), self.qtype, self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the blocks (what a pass over the weight reads)."""
+        return self.blocks.numel()
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The [N, K] weight through loader/dequant.py (the reference)."""
+        return dequantize(self.blocks, self.qtype, self.shape, dtype=dtype)
+
+
+@triton.jit
+def _u8(ptr, off, mask):
+    return tl.load(ptr + off, mask=mask, other=0).to(tl.int32)
+
+
+@triton.jit
+def _f16(h_ptr, off, mask):
+    """The float16 at byte offset `off` (even: every block size and field offset is) as float32."""
+    return tl.load(h_ptr + off // 2, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _k_scale_min(w_ptr, base, s, mask):
+    """Q4_K / Q5_K sub-block s's 6-bit scale and min from the 12 packed bytes at base + 4."""
+    a = _u8(w_ptr, base + 8 + s, mask)  # byte s + 4 of the 12
+    b = _u8(w_ptr, base + 4 + s, mask)  # byte s
+    c = _u8(w_ptr, base + 4 + s % 4, mask)  # byte s - 4 (s >= 4)
+    lo = s < 4
+    sc = tl.where(lo, b & 63, (a & 15) | ((c >> 6) << 4))
+    mn = tl.where(lo, a & 63, (a >> 4) | ((b >> 6) << 4))
+    return sc.to(tl.float32), mn.to(tl.float32)
+
+
+@triton.jit
+def dequant_tile(w_ptr, h_ptr, row, gg, e, mask, QTYPE: tl.constexpr):
+    """float32 [BN, NG, G] weights: element e (of [1, 1, G]) of group gg (global index along the row,
+    [1, NG, 1]) of the rows starting at byte `row` ([BN, 1, 1] int64); masked elements are 0.
+    h_ptr is the blocks viewed as float16 (the d / dmin fields)."""
+    if QTYPE == _Q8_0:
+        base = row + gg * 34
+        q = _u8(w_ptr, base + 2 + e, mask)
+        val = _f16(h_ptr, base, mask) * (q - ((q & 128) << 1)).to(tl.float32)
+    elif QTYPE == _Q4_K or QTYPE == _Q5_K:
+        s = gg % 8
+        base = row + (gg // 8) * (144 if QTYPE == _Q4_K else 176)
+        sc, mn = _k_scale_min(w_ptr, base, s, mask)
+        qs: tl.constexpr = 16 if QTYPE == _Q4_K else 48
+        q = (_u8(w_ptr, base + qs + (s // 2) * 32 + e, mask) >> ((s % 2) * 4)) & 15
+        if QTYPE == _Q5_K:
+            q = q | (((_u8(w_ptr, base + 16 + e, mask) >> s) & 1) << 4)
+        val = (_f16(h_ptr, base, mask) * sc) * q.to(tl.float32) - _f16(h_ptr, base + 2, mask) * mn
+    elif QTYPE == _Q6_K:
+        s = gg % 16  # scale index: element j = 16 s + e of the 256
+        base = row + (gg // 16) * 210
+        half, quarter, lane = s // 8, (s % 8) // 2, (s % 2) * 16 + e
+        ql = (_u8(w_ptr, base + half * 64 + (quarter % 2) * 32 + lane, mask) >> ((quarter // 2) * 4)) & 15
+        qh = (_u8(w_ptr, base + 128 + half * 32 + lane, mask) >> (2 * quarter)) & 3
+        sc = _u8(w_ptr, base + 192 + s, mask)
+        d = _f16(h_ptr, base + 208, mask) * (sc - ((sc & 128) << 1)).to(tl.float32)
+        val = d * ((ql | (qh << 4)) - 32).to(tl.float32)
+    else:  # Q4_0, Q4_1, Q5_0, Q5_1: 32-element blocks as two groups of 16 (low nibbles, then high)
+        half = gg % 2
+        size: tl.constexpr = 18 if QTYPE == _Q4_0 else (20 if QTYPE == _Q4_1 else (22 if QTYPE == _Q5_0 else 24))
+        qs: tl.constexpr = 2 if QTYPE == _Q4_0 else (4 if QTYPE == _Q4_1 else (6 if QTYPE == _Q5_0 else 8))
+        base = row + (gg // 2) * size
+        q = (_u8(w_ptr, base + qs + e, mask) >> (half * 4)) & 15
+        if QTYPE == _Q5_0 or QTYPE == _Q5_1:
+            j = half * 16 + e  # bit j of the 32-bit high-bit mask
+            q = q | (((_u8(w_ptr, base + qs - 4 + j // 8, mask) >> (j % 8)) & 1) << 4)
+        d = _f16(h_ptr, base, mask)
+        if QTYPE == _Q4_0:
+            val = d * (q - 8).to(tl.float32)
+        elif QTYPE == _Q5_0:
+            val = d * (q - 16).to(tl.float32)
+        else:
+            val = d * q.to(tl.float32) + _f16(h_ptr, base + 2, mask)
+    return val
+
+
+@triton.jit
+def _tile(w_ptr, h_ptr, n, k0, N, K: tl.constexpr, QK: tl.constexpr, SIZE: tl.constexpr, G: tl.constexpr,
+          BLOCK_K: tl.constexpr, QTYPE: tl.constexpr):
+    """(weights [BN, BLOCK_K // G, G] of rows n and columns k0.., their columns [1, BLOCK_K // G, G])."""
+    gg = k0 // G + tl.arange(0, BLOCK_K // G)[None, :, None]
+    e = tl.arange(0, G)[None, None, :]
+    row = (n.to(tl.int64) * (K // QK * SIZE))[:, None, None]
+    mask = (n < N)[:, None, None] & (gg < K // G)
+    return dequant_tile(w_ptr, h_ptr, row, gg, e, mask, QTYPE), gg * G + e
+
+
+@triton.jit
+def _dequant_kernel(w_ptr, h_ptr, out_ptr, N, K: tl.constexpr, QK: tl.constexpr, SIZE: tl.constexpr,
+                    G: tl.constexpr, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out[n, k] = dequant_tile's value of W[n, k] (float32): the tile code checked element by element."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    w, k = _tile(w_ptr, h_ptr, n, tl.program_id(1) * BLOCK_K, N, K, QK, SIZE, G, BLOCK_K, QTYPE)
+    n3 = n.to(tl.int64)[:, None, None]
+    tl.store(out_ptr + n3 * K + k, w, mask=(n3 < N) & (k < K))
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, w_ptr, h_ptr, b_ptr, out_ptr, M, N, stride_xm, stride_om,
+    K: tl.constexpr, QK: tl.constexpr, SIZE: tl.constexpr, G: tl.constexpr, QTYPE: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+):
+    """out[m, n] = sum_k x[m, k] W[n, k] (+ b[n]) for m < M <= BLOCK_M, n < N. Grid: N blocks. Every row of
+    x reuses each dequantized tile (BLOCK_M 1: a single row, without the row loop). SILU_MUL: W stacks
+    [gate; up] (2 N rows) and out = silu(x @ gate^T) * (x @ up^T), from the float32 sums."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.arange(0, BLOCK_M)[:, None]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    w_next, k_next = _tile(w_ptr, h_ptr, n, 0, N, K, QK, SIZE, G, BLOCK_K, QTYPE)  # weights: before the wait
+    u_next = w_next
+    if SILU_MUL:
+        u_next, _ = _tile(w_ptr, h_ptr, n + N, 0, 2 * N, K, QK, SIZE, G, BLOCK_K, QTYPE)
+    wait_prior(PDL)
+    for k0 in range(0, K, BLOCK_K):
+        w, u, k = w_next, u_next, k_next
+        w_next, k_next = _tile(w_ptr, h_ptr, n, k0 + BLOCK_K, N, K, QK, SIZE, G, BLOCK_K, QTYPE)
+        if SILU_MUL:
+            u_next, _ = _tile(w_ptr, h_ptr, n + N, k0 + BLOCK_K, 2 * N, K, QK, SIZE, G, BLOCK_K, QTYPE)
+        if BLOCK_M == 1:  # one row: no row loop
+            x = tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)
+            acc += tl.sum(tl.sum(w * x, axis=2), axis=1)[None, :]
+            if SILU_MUL:
+                acc_up += tl.sum(tl.sum(u * x, axis=2), axis=1)[None, :]
+        else:
+            m = 0
+            while m < M:  # a while loop: the interpreter cannot take a tensor bound in range()
+                x = tl.load(x_ptr + m * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)
+                part = tl.sum(tl.sum(w * x, axis=2), axis=1)
+                acc = tl.where(rows == m, acc + part[None, :], acc)
+                if SILU_MUL:
+                    part = tl.sum(tl.sum(u * x, axis=2), axis=1)
+                    acc_up = tl.where(rows == m, acc_up + part[None, :], acc_up)
+                m += 1
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
+    if SILU_MUL:
+        acc = acc / (1.0 + tl.exp(-acc)) * acc_up
+    out = out_ptr + rows.to(tl.int64) * stride_om + n[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(rows < M) & (n < N)[None, :])
+
+
+@triton.jit
+def _mma_kernel(
+    x_ptr, w_ptr, h_ptr, b_ptr, out_ptr, ws_ptr, M, N, stride_xm, stride_om,
+    K: tl.constexpr, KS: tl.constexpr, QK: tl.constexpr, SIZE: tl.constexpr, G: tl.constexpr,
+    QTYPE: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr, PDL: tl.constexpr,
+):
+    """Program (i, j, s)'s part of out = x @ W^T over K range [s KS, (s + 1) KS): tl.dot on weight tiles
+    dequantized in the load and cast to x's dtype. Grid (M tiles, N tiles, splits): the M tiles of a
+    column block run side by side, so the weight bytes come from HBM once. SPLIT_K == 1: bias and the
+    store here; else float32 partials to ws [splits, M, N] for linear.py's _splitk_reduce_kernel.
+    SILU_MUL as _gemv_kernel (ws rows then hold the gate columns, then the up columns)."""
+    wait_prior(PDL)
+    m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    s = tl.program_id(2)
+    x_rows = x_ptr + m.to(tl.int64)[:, None] * stride_xm
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, KS, BLOCK_K):  # a constant trip count; the K tail is masked
+        k = s * KS + k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_rows + k[None, :], mask=(m < M)[:, None] & (k < K)[None, :], other=0.0)
+        w, _ = _tile(w_ptr, h_ptr, n, s * KS + k0, N, K, QK, SIZE, G, BLOCK_K, QTYPE)
+        w = tl.reshape(w, (BLOCK_N, BLOCK_K)).to(x_ptr.dtype.element_ty)
+        acc += tl.dot(x, tl.trans(w), input_precision=DOT_PREC)
+        if SILU_MUL:
+            u, _ = _tile(w_ptr, h_ptr, n + N, s * KS + k0, 2 * N, K, QK, SIZE, G, BLOCK_K, QTYPE)
+            u = tl.reshape(u, (BLOCK_N, BLOCK_K)).to(x_ptr.dtype.element_ty)
+            acc_up += tl.dot(x, tl.trans(u), input_precision=DOT_PREC)
+    mask = (m < M)[:, None] & (n < N)[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
+        if SILU_MUL:
+            acc = acc / (1.0 + tl.exp(-acc)) * acc_up
+        tl.store(out_ptr + m.to(tl.int64)[:, None] * stride_om + n[None, :], acc.to(out_ptr.dtype.element_ty),
+                 mask=mask)
+    else:
+        ws_n = 2 * N if SILU_MUL else N
+        ws = ws_ptr + (s * M + m.to(tl.int64))[:, None] * ws_n + n[None, :]
+        tl.store(ws, acc, mask=mask)
+        if SILU_MUL:
+            tl.store(ws + N, acc_up, mask=mask)
+
+
+def _type_args(w: GGUFWeight, block_k: int) -> dict:
+    """The kernels' per-type constexprs, after checking that BLOCK_K tiles whole scale groups."""
+    qk, size = GGML_QUANT_SIZES[T(w.qtype)]
+    g = GROUP[w.qtype]
+    if block_k < g or block_k & (block_k - 1):
+        raise ValueError(f"gguf_linear: BLOCK_K={block_k} must be a power of two >= {g} for {type_name(w.qtype)}")
+    return dict(K=w.shape[1], QK=qk, SIZE=size, G=g, QTYPE=w.qtype)
+
+
+def _check(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None, silu_mul: bool = False) -> torch.Tensor:
+    """x with a unit last stride, after checking x and bias against w (a ValueError naming what is wrong)."""
+    if not isinstance(w, GGUFWeight):
+        raise ValueError(f"gguf_linear: w must be a GGUFWeight, got {type(w).__name__}")
+    n, k = w.shape
+    if silu_mul and (n % 2 or bias is not None):
+        raise ValueError(f"gguf_linear: silu_mul needs [gate; up] stacked (an even N, got {n}) and no bias")
+    if x.dim() != 2 or x.shape[1] != k or not x.dtype.is_floating_point:
+        raise ValueError(f"gguf_linear: x must be a floating [M, {k}] tensor, got {x.dtype} {tuple(x.shape)}")
+    if x.device != w.blocks.device:
+        raise ValueError(f"gguf_linear: x is on {x.device} but the weight on {w.blocks.device}")
+    if bias is not None and (tuple(bias.shape) != (n,) or bias.device != x.device):
+        raise ValueError(f"gguf_linear: bias must be [{n}] on {x.device}, got {tuple(bias.shape)} on {bias.device}")
+    return x if x.stride(1) == 1 else x.contiguous()
+
+
+def gemv_config(m: int, n: int, k: int, qtype: int) -> dict:
+    """Tiles for _gemv_kernel: BLOCK_K 512 (256 for K < 1024), BLOCK_N rows per program so that even
+    narrow layers have >= ~2 programs per SM of the H200, BLOCK_M GEMV_MAX_ROWS whatever m (one compile
+    for every row count, and a row's result does not depend on how many rows came with it).
+    (First guesses: scripts/gpu_gguf.sh sweeps the alternatives.)"""
+    block_n = 8 if n >= 8 * 528 else (4 if n >= 4 * 264 else 2)
+    return dict(BLOCK_M=GEMV_MAX_ROWS, BLOCK_N=block_n, BLOCK_K=512 if k >= 1024 else 256, num_warps=4)
+
+
+def mma_config(m: int, n: int, k: int, qtype: int) -> dict:
+    """Tiles for _mma_kernel: BLOCK_M the power of two >= m in 16..128, BLOCK_N 64, BLOCK_K 64, and K split
+    until there are >= ~128 programs (each split >= 4 BLOCK_K tiles). (First guesses, as gemv_config.)"""
+    bm, bn, bk = min(128, max(16, triton.next_power_of_2(m))), 64, 64
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    split = 1
+    while tiles * split < 128 and k >= 2 * split * 4 * bk:
+        split *= 2
+    return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, num_warps=4, num_stages=3)
+
+
+def _out(x: torch.Tensor, n: int, out: torch.Tensor | None) -> torch.Tensor:
+    """`out` checked ([M, n] in x's dtype on x's device, unit last stride: e.g. a column slice of a fused
+    projection's output whose parts have different types), or a new one."""
+    if out is None:
+        return torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
+    if tuple(out.shape) != (x.shape[0], n) or out.dtype != x.dtype or out.device != x.device or out.stride(1) != 1:
+        raise ValueError(f"gguf_linear: out must be [{x.shape[0]}, {n}] {x.dtype} on {x.device} with unit "
+                         f"last stride, got {out.dtype} {tuple(out.shape)} strides {out.stride()} on {out.device}")
+    return out
+
+
+def gguf_gemv(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None, config: dict | None = None,
+              options: KernelOptions = DEFAULT_OPTIONS, out: torch.Tensor | None = None,
+              silu_mul: bool = False) -> torch.Tensor:
+    """The weight-streaming kernel: x [M, K] (M <= the config's BLOCK_M, default up to 16) -> [M, N] in x's
+    dtype (written into `out` if given, and returned); silu_mul: w stacks [gate; up] -> [M, N / 2]."""
+    x = _check(x, w, bias, silu_mul)
+    n = w.shape[0] // 2 if silu_mul else w.shape[0]
+    out = _out(x, n, out)
+    if x.shape[0] == 0:
+        return out
+    cfg = dict(config or gemv_config(x.shape[0], n, w.shape[1], w.qtype))
+    if x.shape[0] > cfg["BLOCK_M"]:
+        raise ValueError(f"gguf_gemv: {x.shape[0]} rows exceed BLOCK_M={cfg['BLOCK_M']}")
+    _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
+        x, w.blocks, w.blocks.view(torch.float16), bias if bias is not None else x, out, x.shape[0], n,
+        x.stride(0), out.stride(0), **_type_args(w, cfg["BLOCK_K"]), HAS_BIAS=bias is not None, SILU_MUL=silu_mul,
+        **cfg, **launch_kwargs(x.device, options.pdl),
+    )
+    return out
+
+
+def gguf_mma(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None, config: dict | None = None,
+             options: KernelOptions = DEFAULT_OPTIONS, out: torch.Tensor | None = None,
+             silu_mul: bool = False) -> torch.Tensor:
+    """The tensor-core kernel: x [M, K] -> [M, N] in x's dtype (into `out` if given; silu_mul as gguf_gemv).
+    A split K's float32 workspace is allocated per call (from the graph's pool under CUDA-graph capture)."""
+    x = _check(x, w, bias, silu_mul)
+    m, k = x.shape
+    n = w.shape[0] // 2 if silu_mul else w.shape[0]
+    out = _out(x, n, out)
+    if m == 0:
+        return out
+    cfg = dict(config or mma_config(m, n, k, w.qtype))
+    targs = _type_args(w, cfg["BLOCK_K"])
+    ks, split = splitk_split(k, cfg["BLOCK_K"], cfg.pop("SPLIT_K", 1))
+    ws = out if split == 1 else torch.empty(split, m, 2 * n if silu_mul else n, dtype=torch.float32,
+                                            device=x.device)
+    b = bias if bias is not None else x
+    pdl = launch_kwargs(x.device, options.pdl)
+    _mma_kernel[(triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]), split)](
+        x, w.blocks, w.blocks.view(torch.float16), b, out, ws, m, n, x.stride(0), out.stride(0), KS=ks, **targs,
+        HAS_BIAS=bias is not None, SILU_MUL=silu_mul, SPLIT_K=split,
+        DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32", **cfg, **pdl,
+    )
+    if split > 1:
+        _splitk_reduce_kernel[(triton.cdiv(n, 512), m)](
+            ws, b, out, m, n, out.stride(0), HAS_BIAS=bias is not None, SILU_MUL=silu_mul, SPLIT_K=split,
+            BLOCK_N=512, num_warps=4, **pdl,
+        )
+    return out
+
+
+def gguf_linear(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None,
+                options: KernelOptions = DEFAULT_OPTIONS, out: torch.Tensor | None = None,
+                silu_mul: bool = False) -> torch.Tensor:
+    """x [M, K] @ dequant(w)^T (+ bias) -> [M, N] in x's dtype: on CUDA the GEMV for M <= GEMV_MAX_ROWS and
+    the tensor-core kernel above; elsewhere gguf_linear_ref. `out`: the buffer to write it into (returned).
+    silu_mul: w stacks [gate; up]; the result is silu(x @ gate^T) * (x @ up^T), [M, N / 2]."""
+    x = _check(x, w, bias, silu_mul)
+    if not x.is_cuda:
+        y = gguf_linear_ref(x, w, bias, silu_mul)
+        return y if out is None else _out(x, y.shape[1], out).copy_(y)
+    if x.shape[0] <= GEMV_MAX_ROWS:
+        return gguf_gemv(x, w, bias, options=options, out=out, silu_mul=silu_mul)
+    return gguf_mma(x, w, bias, options=options, out=out, silu_mul=silu_mul)
+
+
+def gguf_linear_ref(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None,
+                    silu_mul: bool = False) -> torch.Tensor:
+    """The reference: loader/dequant.py's float32 weight, F.linear in float32 (then SiLU-and-mul of its two
+    halves with silu_mul), rounded once to x's dtype."""
+    x = _check(x, w, bias, silu_mul)
+    y = F.linear(x.float(), w.dequantize(torch.float32), None if bias is None else bias.float())
+    if silu_mul:
+        y = F.silu(y[:, : w.shape[0] // 2]) * y[:, w.shape[0] // 2 :]
+    return y.to(x.dtype)
+
+
+def gguf_dequantize(w: GGUFWeight, block_n: int = 16, block_k: int = 256) -> torch.Tensor:
+    """The float32 [N, K] weight through the kernels' own dequant_tile (tests compare it with loader/dequant.py)."""
+    n, k = w.shape
+    out = torch.empty(n, k, dtype=torch.float32, device=w.blocks.device)
+    _dequant_kernel[(triton.cdiv(n, block_n), triton.cdiv(k, block_k))](
+        w.blocks, w.blocks.view(torch.float16), out, n, **_type_args(w, block_k), BLOCK_N=block_n, BLOCK_K=block_k,
+    )
+    return out
