@@ -66,8 +66,9 @@ want humaneval && { mark humaneval; spec humaneval humaneval.jsonl none,ngram,dr
 for s in gguf gates; do
   if want $s && [ -x scripts/gpu_$s.sh ]; then
     mark $s
-    scripts/gpu_$s.sh > "$R/$s.log" 2>&1
+    OUT=$R/$s scripts/gpu_$s.sh > "$R/$s.log" 2>&1
     mark "$s done rc=$?"
+    [ -f /tmp/gguf_bench.json ] && cp /tmp/gguf_bench.json "$R/"
   fi
 done
 mark end
