@@ -9,6 +9,11 @@ CUDA-graph contract (read this before capturing a graph around these functions):
     a graph must only be replayed for steps whose every sequence has exactly that query length)
     and meta.block_size (an engine constant). meta.max_seq_len is never used, and the split-K
     factor depends only on shapes, so a graph replays correctly for any context length.
+  * Batch-invariant mode (KernelOptions.batch_invariant): one query tile size for every query length,
+    and split s holds keys [s * invariant_kv_split, (s + 1) * invariant_kv_split) of its sequence, for
+    as many splits as the block table's width holds keys (a shape); the splits are merged in order. So
+    a query's result depends on its sequence's keys only: not on the other sequences, its own query
+    count (decode, verify, prefill chunk) or the block table's width.
   * Sequence b's queries are tokens [query_start_loc[b], query_start_loc[b+1]); query i of a
     sequence with q_len queries sees context positions [0, seq_len - q_len + i]. A sequence whose
     query tokens have no visible key (e.g. a padding row with seq_len 0) gets zeros, never NaN.
@@ -100,7 +105,12 @@ def _attn_kernel(
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     DOT_PREC: tl.constexpr, WHILE_LOOP: tl.constexpr, CAUSAL: tl.constexpr, HAS_KV_START: tl.constexpr,
     EARLY_V: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, WINDOW: tl.constexpr,
+    FIXED_SPLIT: tl.constexpr,
 ):
+    """FIXED_SPLIT > 0 (batch-invariant mode): split s covers keys [s * FIXED_SPLIT, (s + 1) * FIXED_SPLIT)
+    of its sequence, whatever the step, and key tiles start at multiples of BLOCK_N; an empty split
+    stores only its (m, l) = (-inf, 0). 0: the keys the query tile sees are cut into NUM_SPLITS equal
+    parts."""
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
     b = tl.program_id(0)
     if PREFETCH:  # the grid's last row of programs: L2 prefetch of the next weights, then exit
@@ -150,9 +160,18 @@ def _attn_kernel(
             first_qpos = seq_len - 1
         kv_begin = tl.maximum(first_qpos - WINDOW + 1, 0)
         kv_begin = tl.minimum(kv_begin, kv_end)
-    per_split = tl.cdiv(tl.cdiv(kv_end - kv_begin, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    lo = kv_begin + split * per_split
-    hi = tl.minimum(lo + per_split, kv_end)
+    if FIXED_SPLIT > 0:
+        # Keys below kv_begin are invisible to every query of the tile, so skipping their tiles changes
+        # nothing; the tiles that remain keep their absolute positions.
+        lo = tl.maximum(split * FIXED_SPLIT, kv_begin // BLOCK_N * BLOCK_N)
+        hi = tl.minimum(split * FIXED_SPLIT + FIXED_SPLIT, kv_end)
+    else:
+        per_split = tl.cdiv(tl.cdiv(kv_end - kv_begin, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        lo = kv_begin + split * per_split
+        hi = tl.minimum(lo + per_split, kv_end)
+    # Batch-invariant mode: an empty split loads no queries and stores only (m, l), as there are many
+    # (the block table's width sets their number); the other mode's combine reads every split's acc.
+    has_keys = (hi > lo) | (FIXED_SPLIT == 0)
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     slot = _tile_slots(bt_row, lo, lo_key, hi, BLOCK_N, PAGE)
     k_base = k_ptr + kvh.to(tl.int64) * stride_kvh
@@ -160,7 +179,7 @@ def _attn_kernel(
     wait_prior(PDL)
 
     q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
-                mask=row_ok[:, None], other=0.0)
+                mask=row_ok[:, None] & has_keys, other=0.0)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
@@ -185,7 +204,7 @@ def _attn_kernel(
         tl.store(out_rows, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
     else:
         row = (split * num_tokens + token) * NUM_HEADS + head  # partials: [S, T, H, (D)]
-        tl.store(po_ptr + row[:, None] * HEAD_DIM + d[None, :], acc, mask=row_ok[:, None])
+        tl.store(po_ptr + row[:, None] * HEAD_DIM + d[None, :], acc, mask=row_ok[:, None] & has_keys)
         tl.store(pm_ptr + row, m_i, mask=row_ok)
         tl.store(pl_ptr + row, l_i, mask=row_ok)
 
@@ -215,6 +234,40 @@ def _combine_kernel(
     tl.store(out_ptr + t * stride_ot + h * stride_oh + tl.arange(0, HEAD_DIM), o.to(out_ptr.dtype.element_ty))
 
 
+@triton.jit
+def _combine_ordered_kernel(
+    out_ptr, po_ptr, pm_ptr, pl_ptr, num_tokens, stride_ot, stride_oh,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, PDL: tl.constexpr,
+):
+    """Batch-invariant merge of one (token, head)'s split partials: the splits added in order 0, 1, ...,
+    and a split without keys for this query (weight 0) skipped, never loaded, so a query's result is
+    the same whatever the number of (empty) splits after its last key, and equals the one-split store."""
+    wait_prior(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    d = tl.arange(0, HEAD_DIM)
+    stride_s = num_tokens * NUM_HEADS  # between splits (int32: splits * tokens * heads is far below 2^31)
+    row0 = t * NUM_HEADS + h
+    m_max = tl.load(pm_ptr + row0)
+    for s in tl.range(1, NUM_SPLITS):
+        m_max = tl.maximum(m_max, tl.load(pm_ptr + s * stride_s + row0))
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    zeros = tl.zeros([HEAD_DIM], tl.float32)
+    w = tl.exp2(tl.load(pm_ptr + row0) - m_max)
+    denom = w * tl.load(pl_ptr + row0)
+    wv = zeros + w
+    o = wv * tl.load(po_ptr + row0 * HEAD_DIM + d, mask=wv > 0, other=0.0)
+    for s in tl.range(1, NUM_SPLITS):
+        row = s * stride_s + row0
+        w = tl.exp2(tl.load(pm_ptr + row) - m_max)
+        denom += w * tl.load(pl_ptr + row)  # + 0.0 when the split has no key for this query: exact
+        wv = zeros + w
+        part = tl.load(po_ptr + row * HEAD_DIM + d, mask=wv > 0, other=0.0)
+        o = tl.where(wv > 0, o + wv * part, o)
+    o = o / tl.where(denom > 0, denom, 1.0)
+    tl.store(out_ptr + t * stride_ot + h * stride_oh + d, o.to(out_ptr.dtype.element_ty))
+
+
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 4  # the interpreter: keep the split count small
@@ -224,10 +277,16 @@ def _num_sms(device: torch.device) -> int:
     return _NUM_SMS[idx]
 
 
-def _tiles(num_heads: int, num_kv_heads: int, max_query_len: int) -> tuple[int, int, int]:
-    """(GROUP_PAD, BLOCK_Q, number of query tiles) for this query length."""
+INVARIANT_TILE_ROWS = 64  # batch-invariant mode: query rows (queries x padded head group) of every tile
+
+
+def _tiles(num_heads: int, num_kv_heads: int, max_query_len: int, invariant: bool = False) -> tuple[int, int, int]:
+    """(GROUP_PAD, BLOCK_Q, number of query tiles) for this query length (invariant: one tile size for
+    every query length, INVARIANT_TILE_ROWS rows)."""
     group_pad = triton.next_power_of_2(num_heads // num_kv_heads)
-    if max_query_len <= 16:  # decode / verify: all of a sequence's queries in one tile if possible
+    if invariant:
+        block_q = max(1, INVARIANT_TILE_ROWS // group_pad)
+    elif max_query_len <= 16:  # decode / verify: all of a sequence's queries in one tile if possible
         block_q = min(triton.next_power_of_2(max_query_len), max(1, 128 // group_pad))
     else:  # prefill: 64-row tiles
         block_q = max(1, 64 // group_pad)
@@ -255,7 +314,8 @@ def triton_attention(
     """Paged causal attention; q: [T, H, D] -> [T, H, D]. Same contract as reference_attention
     (window: the layer's sliding window, 0 for a global layer).
 
-    num_splits forces the split-K factor (default: from shapes and options.attn_programs_per_sm);
+    num_splits forces the split-K factor (default: from shapes and options.attn_programs_per_sm; ignored
+    with options.batch_invariant, whose splits are invariant_kv_split keys each);
     out: optional output buffer; prefetch: weight regions an extra row of programs asks L2 for
     (kernels/l2_prefetch.py; ignored where unsupported); options: PDL and the split target."""
     if meta.block_size is None:
@@ -267,8 +327,14 @@ def triton_attention(
     if q.stride(-1) != 1:
         q = q.contiguous()
     num_seqs = meta.query_start_loc.shape[0] - 1
-    group_pad, block_q, q_tiles = _tiles(num_heads, num_kv_heads, meta.max_query_len)
-    if num_splits is None:
+    invariant = options.batch_invariant
+    group_pad, block_q, q_tiles = _tiles(num_heads, num_kv_heads, meta.max_query_len, invariant)
+    block_n = 64 if head_dim <= 128 else 32
+    if invariant:  # fixed key positions per split: as many splits as the block table can hold keys (shape only)
+        if options.invariant_kv_split % block_n:
+            raise ValueError(f"invariant_kv_split must be a multiple of {block_n}, got {options.invariant_kv_split}")
+        num_splits = triton.cdiv(meta.block_tables.shape[1] * meta.block_size, options.invariant_kv_split)
+    elif num_splits is None:
         num_splits = pick_num_splits(num_seqs * num_kv_heads * q_tiles, q.device, options.attn_programs_per_sm)
     out = torch.empty_like(q) if out is None else out
     if num_tokens == 0:
@@ -283,7 +349,6 @@ def triton_attention(
                 t.fill_(float("nan"))
     else:
         po = pm = pl = out  # unused
-    block_n = 64 if head_dim <= 128 else 32
     pf = prefetch if prefetch is not None and prefetch_supported(q.device) else None
     _attn_kernel[(num_seqs + (pf is not None), num_kv_heads, q_tiles * num_splits)](
         q, k_cache, v_cache, out, po, pm, pl,
@@ -295,10 +360,16 @@ def triton_attention(
         NUM_HEADS=num_heads, GROUP=num_heads // num_kv_heads, GROUP_PAD=group_pad, BLOCK_Q=block_q,
         BLOCK_N=block_n, HEAD_DIM=head_dim, PAGE=meta.block_size, NUM_SPLITS=num_splits,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", WHILE_LOOP=_INTERPRET,
-        CAUSAL=meta.causal, HAS_KV_START=meta.kv_start is not None, EARLY_V=meta.max_query_len <= 16,
-        PREFETCH=pf is not None, WINDOW=int(window), num_warps=4, num_stages=3, **launch_kwargs(q.device, options.pdl),
+        CAUSAL=meta.causal, HAS_KV_START=meta.kv_start is not None, EARLY_V=invariant or meta.max_query_len <= 16,
+        PREFETCH=pf is not None, WINDOW=int(window), FIXED_SPLIT=options.invariant_kv_split if invariant else 0,
+        num_warps=4, num_stages=3, **launch_kwargs(q.device, options.pdl),
     )
-    if num_splits > 1:
+    if num_splits > 1 and invariant:
+        _combine_ordered_kernel[(num_tokens, num_heads)](
+            out, po, pm, pl, num_tokens, out.stride(0), out.stride(1), NUM_HEADS=num_heads, HEAD_DIM=head_dim,
+            NUM_SPLITS=num_splits, num_warps=1, **launch_kwargs(q.device, options.pdl),
+        )
+    elif num_splits > 1:
         _combine_kernel[(num_tokens, num_heads)](
             out, po, pm, pl, num_tokens, out.stride(0), out.stride(1),
             NUM_HEADS=num_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
