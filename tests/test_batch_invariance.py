@@ -196,3 +196,140 @@ def test_invariant_kv_split_must_be_a_multiple_of_the_key_tile():
     kv, target_q, spare = _kv_and_query("cpu", torch.float32, 40)
     with pytest.raises(ValueError, match="invariant_kv_split"):
         attention_case(kv, target_q, 40, "decode", KernelOptions(batch_invariant=True, invariant_kv_split=100), spare)
+
+
+# ---- model (CUDA, a tiny random model in bf16) -------------------------------------------------------
+
+@pytest.mark.gpu
+def test_invariant_model_rows_do_not_depend_on_the_batch():
+    """A whole model's forward (linear layers, norms, attention) with the invariant kernels, bf16 on CUDA:
+    each sequence's hidden states are the same bits whether its prefill chunk and its decode step run
+    alone or next to other sequences."""
+    from tiny import tiny_config, tiny_model
+
+    from verispec.models.kernel_path import enable_triton
+    from verispec.models.qwen2 import build_model
+    from verispec.worker.inputs import allocate_kv_cache
+
+    cpu_model = tiny_model(tiny_config(vocab=512))
+    cfg = cpu_model.config
+    model = build_model(cfg, dict(cpu_model.named_parameters()), torch.device("cuda"), torch.bfloat16)
+    enable_triton(model, options=INVARIANT)
+    seqs = [list(range(5, 5 + 37)), [7, 8, 9], list(range(100, 180))]
+    tables = [[0, 1, 2], [3], [4, 5, 6, 7, 8, 9]]
+
+    def run(which: list[int]) -> list[torch.Tensor]:
+        kv = allocate_kv_cache(cfg.num_layers, 10, 16, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16, "cuda")
+        ids, pos, meta = build_batch([SeqChunk(seqs[i], 0, tables[i]) for i in which], 16, torch.device("cuda"),
+                                     with_reference=False)
+        h1, _ = model(ids, pos, meta, kv)
+        ids, pos, meta = build_batch([SeqChunk([11], len(seqs[i]), tables[i]) for i in which], 16,
+                                     torch.device("cuda"), with_reference=False)
+        h2, _ = model(ids, pos, meta, kv)
+        ends = torch.tensor([len(seqs[i]) for i in which]).cumsum(0).tolist()
+        return [torch.cat([h1[e - len(seqs[i]) : e], h2[j : j + 1]]) for j, (i, e) in enumerate(zip(which, ends,
+                                                                                                    strict=True))]
+
+    together = run([0, 1, 2])
+    for i in range(3):
+        assert torch.equal(run([i])[0], together[i]), i
+
+
+# ---- engine (CUDA, the real 0.5B in bf16) ------------------------------------------------------------
+
+ENGINE_PROMPTS = 16
+ENGINE_TOKENS = 64
+
+
+@pytest.fixture(scope="module")
+def bf16_model(qwen05_path):
+    """(tokenizer, model): the real 0.5B in bf16 on CUDA."""
+    from verispec.loader.model_loader import load_model
+
+    tok, _, model = load_model(str(qwen05_path), torch.device("cuda"), torch.bfloat16, progress=False)
+    return tok, model
+
+
+@pytest.fixture(scope="module")
+def heldout_ids(bf16_model) -> list[list[int]]:
+    """The first ENGINE_PROMPTS held-out requests (prompts/heldout_requests.jsonl), chat-rendered."""
+    from pathlib import Path
+
+    from verispec.bench.prompts import dataset_prompts
+    from verispec.train.data import render_prompts
+
+    tok, _ = bf16_model
+    path = Path(__file__).resolve().parents[1] / "prompts" / "heldout_requests.jsonl"
+    texts = [p.text for p in dataset_prompts(str(path), ENGINE_PROMPTS, ENGINE_TOKENS)]
+    return [tok.encode(t) for t in render_prompts(tok, texts)]
+
+
+def invariant_run(model, prompts, spec=None, **kw) -> tuple[list[list[int]], dict]:
+    from tiny import run_all
+
+    from verispec import SamplingParams
+
+    eng = engine_for(model, spec, **kw)
+    outs = run_all(eng, prompts, SamplingParams(temperature=0.0, max_tokens=ENGINE_TOKENS, ignore_eos=True))
+    return [o.outputs[0].token_ids for o in outs], eng.get_metrics()
+
+
+def engine_for(model, spec=None, **kw):
+    from tiny import tiny_engine
+
+    return tiny_engine(model, spec=spec, **{"batch_invariant": True, "max_model_len": 1024, **kw})
+
+
+@pytest.fixture(scope="module")
+def invariant_baseline(bf16_model, heldout_ids):
+    """Plain decoding, one request at a time (batch 1: the one-row shapes)."""
+    return invariant_run(bf16_model[1], heldout_ids, max_num_seqs=1)[0]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_invariant_engine_batch_16_equals_batch_1(bf16_model, heldout_ids, invariant_baseline, async_scheduling):
+    """bf16, batch_invariant=True: all 16 requests in one batch (CUDA graphs), and eagerly, give the tokens
+    of decoding each alone."""
+    model = bf16_model[1]
+    for kw in ({}, {"enforce_eager": True}):
+        toks, _ = invariant_run(model, heldout_ids, async_scheduling=async_scheduling, **kw)
+        differ = [i for i, (a, b) in enumerate(zip(toks, invariant_baseline, strict=True)) if a != b]
+        assert differ == [], (kw, differ)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["ngram", "self"])
+def test_invariant_engine_speculation_equals_plain(bf16_model, heldout_ids, invariant_baseline, method):
+    """bf16, batch_invariant=True, batch 16, k = 3 drafts every step: the tokens of plain decoding at batch 1;
+    the self oracle accepts every one of its drafts (its draft forwards and the verify forward round alike)."""
+    spec = {"method": method, "num_speculative_tokens": 3, "adaptive": False}
+    toks, m = invariant_run(bf16_model[1], heldout_ids, spec)
+    differ = [i for i, (a, b) in enumerate(zip(toks, invariant_baseline, strict=True)) if a != b]
+    assert differ == []
+    assert m["spec_decode_num_draft_tokens"] > 0
+    if method == "self":
+        assert m["spec_decode_num_accepted_tokens"] == m["spec_decode_num_draft_tokens"], m
+
+
+@pytest.mark.gpu
+def test_invariant_engine_chunked_prefill_and_prefix_hits(bf16_model, heldout_ids, invariant_baseline):
+    """Small prefill chunks and prefix-cache hits (each prompt submitted twice) change nothing either."""
+    prompts = heldout_ids[:8] + heldout_ids[:8]
+    toks, m = invariant_run(bf16_model[1], prompts, max_num_batched_tokens=24)
+    assert m["prefix_cache_hits"] > 0
+    assert toks == invariant_baseline[:8] * 2
+
+
+@pytest.mark.gpu
+def test_invariant_engine_runs_the_invariant_kernels(bf16_model):
+    """batch_invariant=True switches the model onto the invariant kernels (no one-row path); False back."""
+    from verispec.kernels import invariant
+    from verispec.models.kernel_path import options_of
+
+    model = bf16_model[1]
+    engine_for(model)
+    assert options_of(model).batch_invariant and model.kernels.linear is invariant.linear
+    assert model.kernels.gemv_max_rows == 0
+    engine_for(model, batch_invariant=False)
+    assert not options_of(model).batch_invariant and model.kernels.linear is not invariant.linear
