@@ -153,12 +153,18 @@ def test_graph_stage_no_writeback_caught(model, monkeypatch):
     graph's static input ids but not those of the step's own ids, where the verifier reads the drafts.
     The model sees the right tokens, the verifier placeholders: the text stays right, and acceptance of
     the overlapped loop's device drafts collapses, which the parity gate (counters) and the self oracle
-    see; the synchronous loop (drafts known on the host, no placeholders) is unaffected."""
+    see; the synchronous loop (drafts known on the host, no placeholders) is unaffected. The runtime
+    audit flags the rows of the replayed steps (an eager step's torch gather fills the ids right)."""
     monkeypatch.setenv("VERISPEC_FAULT", "graph_stage_no_writeback")
     problems = parity_problems(maker(model), "self", params=GREEDY)
     assert problems and all("tokens differ" not in p for p in problems), problems  # counters only
     assert oracle_rate(model, True) < 0.5
     assert oracle_rate(model, False) == 1.0
+    _, clean = audited_run(model, None, monkeypatch, "self", None)
+    _, m = audited_run(model, None, monkeypatch, "self", "graph_stage_no_writeback")
+    assert clean["spec_decode_audit_mismatches"] == 0
+    assert m["spec_decode_num_accepted_tokens"] < clean["spec_decode_num_accepted_tokens"]
+    assert 0 < m["spec_decode_audit_mismatches"] <= m["spec_decode_audited_steps"]
 
 
 def test_debug_stale_read_raises(monkeypatch):
