@@ -95,6 +95,48 @@ def _attn_tile(q, k_ptr, v_ptr, slot, start, lo_key, hi, qpos, d, m_i, l_i, acc,
 
 
 @triton.jit
+def _attend_split(q_ptr, k_base, v_base, out_ptr, po_ptr, pm_ptr, pl_ptr, bt_row, token, head, row_ok, qpos, d,
+                  lo, hi, lo_key, slot, split, store_ok, has_keys, scale_log2, num_tokens, stride_qt, stride_qh,
+                  stride_kvs, stride_ot, stride_oh,
+                  NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_PREC: tl.constexpr, WHILE_LOOP: tl.constexpr,
+                  EARLY_V: tl.constexpr, WINDOW: tl.constexpr):
+    """One split of one query tile: the online softmax over keys [lo, hi) (slot: the first tile's cache
+    slots, loaded by the caller), then the output (one split) or the split's partials. store_ok: this
+    split exists; has_keys: its acc is stored (else only its (m, l))."""
+    q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                mask=row_ok[:, None] & has_keys, other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    if WHILE_LOOP:  # the interpreter cannot take tensor bounds in range() (numpy 2)
+        start = lo
+        while start < hi:
+            nxt = _tile_slots(bt_row, start + BLOCK_N, lo_key, hi, BLOCK_N, PAGE)
+            m_i, l_i, acc = _attn_tile(q, k_base, v_base, slot, start, lo_key, hi, qpos, d, m_i, l_i, acc,
+                                       scale_log2, stride_kvs, BLOCK_N, DOT_PREC, EARLY_V, WINDOW)
+            slot = nxt
+            start += BLOCK_N
+    else:
+        for start in range(lo, hi, BLOCK_N):
+            nxt = _tile_slots(bt_row, start + BLOCK_N, lo_key, hi, BLOCK_N, PAGE)
+            m_i, l_i, acc = _attn_tile(q, k_base, v_base, slot, start, lo_key, hi, qpos, d, m_i, l_i, acc,
+                                       scale_log2, stride_kvs, BLOCK_N, DOT_PREC, EARLY_V, WINDOW)
+            slot = nxt
+
+    ok = row_ok & store_ok
+    out_rows = out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
+    if NUM_SPLITS == 1:
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(out_rows, o.to(out_ptr.dtype.element_ty), mask=ok[:, None])
+    else:
+        row = (split * num_tokens + token) * NUM_HEADS + head  # partials: [S, T, H, (D)]
+        tl.store(po_ptr + row[:, None] * HEAD_DIM + d[None, :], acc, mask=ok[:, None] & has_keys)
+        tl.store(pm_ptr + row, m_i, mask=ok)
+        tl.store(pl_ptr + row, l_i, mask=ok)
+
+
+@triton.jit
 def _attn_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, po_ptr, pm_ptr, pl_ptr,
     qsl_ptr, seq_lens_ptr, bt_ptr, kv_start_ptr,
@@ -105,12 +147,16 @@ def _attn_kernel(
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     DOT_PREC: tl.constexpr, WHILE_LOOP: tl.constexpr, CAUSAL: tl.constexpr, HAS_KV_START: tl.constexpr,
     EARLY_V: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, WINDOW: tl.constexpr,
-    FIXED_SPLIT: tl.constexpr,
+    FIXED_SPLIT: tl.constexpr, SPLIT_PROGRAMS: tl.constexpr, SPLIT_ITERS: tl.constexpr,
 ):
-    """FIXED_SPLIT > 0 (batch-invariant mode): split s covers keys [s * FIXED_SPLIT, (s + 1) * FIXED_SPLIT)
-    of its sequence, whatever the step, and key tiles start at multiples of BLOCK_N; an empty split
-    stores only its (m, l) = (-inf, 0). 0: the keys the query tile sees are cut into NUM_SPLITS equal
-    parts."""
+    """Grid (sequences [+ 1 prefetch row], KV heads, query tiles x SPLIT_PROGRAMS).
+
+    FIXED_SPLIT == 0: NUM_SPLITS == SPLIT_PROGRAMS splits, one per program, cutting the keys the query
+    tile sees into equal parts. FIXED_SPLIT > 0 (batch-invariant mode): split s covers keys
+    [s * FIXED_SPLIT, (s + 1) * FIXED_SPLIT) of its sequence whatever the step, its key tiles at
+    multiples of BLOCK_N; program p does splits p, p + SPLIT_PROGRAMS, ... (SPLIT_ITERS of them), so how
+    many programs share the work (a shape choice) never changes a split; an empty split stores only its
+    (m, l) = (-inf, 0)."""
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
     b = tl.program_id(0)
     if PREFETCH:  # the grid's last row of programs: L2 prefetch of the next weights, then exit
@@ -119,8 +165,8 @@ def _attn_kernel(
                              tl.num_programs(1) * tl.num_programs(2), 32 * 4)
             return
     kvh = tl.program_id(1)
-    qt = tl.program_id(2) // NUM_SPLITS
-    split = tl.program_id(2) % NUM_SPLITS
+    qt = tl.program_id(2) // SPLIT_PROGRAMS
+    split = tl.program_id(2) % SPLIT_PROGRAMS
 
     # The step's metadata (and the first tile's block ids) are read before the PDL wait, as the kernel
     # before this one writes q and the KV cache, never the metadata (pdl.py).
@@ -160,53 +206,33 @@ def _attn_kernel(
             first_qpos = seq_len - 1
         kv_begin = tl.maximum(first_qpos - WINDOW + 1, 0)
         kv_begin = tl.minimum(kv_begin, kv_end)
-    if FIXED_SPLIT > 0:
-        # Keys below kv_begin are invisible to every query of the tile, so skipping their tiles changes
-        # nothing; the tiles that remain keep their absolute positions.
-        lo = tl.maximum(split * FIXED_SPLIT, kv_begin // BLOCK_N * BLOCK_N)
-        hi = tl.minimum(split * FIXED_SPLIT + FIXED_SPLIT, kv_end)
-    else:
+    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+    k_base = k_ptr + kvh.to(tl.int64) * stride_kvh
+    v_base = v_ptr + kvh.to(tl.int64) * stride_kvh
+    if FIXED_SPLIT == 0:
         per_split = tl.cdiv(tl.cdiv(kv_end - kv_begin, NUM_SPLITS), BLOCK_N) * BLOCK_N
         lo = kv_begin + split * per_split
         hi = tl.minimum(lo + per_split, kv_end)
-    # Batch-invariant mode: an empty split loads no queries and stores only (m, l), as there are many
-    # (the block table's width sets their number); the other mode's combine reads every split's acc.
-    has_keys = (hi > lo) | (FIXED_SPLIT == 0)
-    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
-    slot = _tile_slots(bt_row, lo, lo_key, hi, BLOCK_N, PAGE)
-    k_base = k_ptr + kvh.to(tl.int64) * stride_kvh
-    v_base = v_ptr + kvh.to(tl.int64) * stride_kvh
-    wait_prior(PDL)
-
-    q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
-                mask=row_ok[:, None] & has_keys, other=0.0)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    if WHILE_LOOP:  # the interpreter cannot take tensor bounds in range() (numpy 2)
-        start = lo
-        while start < hi:
-            nxt = _tile_slots(bt_row, start + BLOCK_N, lo_key, hi, BLOCK_N, PAGE)
-            m_i, l_i, acc = _attn_tile(q, k_base, v_base, slot, start, lo_key, hi, qpos, d, m_i, l_i, acc,
-                                       scale_log2, stride_kvs, BLOCK_N, DOT_PREC, EARLY_V, WINDOW)
-            slot = nxt
-            start += BLOCK_N
+        slot = _tile_slots(bt_row, lo, lo_key, hi, BLOCK_N, PAGE)
+        wait_prior(PDL)
+        _attend_split(q_ptr, k_base, v_base, out_ptr, po_ptr, pm_ptr, pl_ptr, bt_row, token, head, row_ok, qpos, d,
+                      lo, hi, lo_key, slot, split, True, True, scale_log2, num_tokens, stride_qt, stride_qh,
+                      stride_kvs, stride_ot, stride_oh, NUM_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, PAGE, NUM_SPLITS,
+                      DOT_PREC, WHILE_LOOP, EARLY_V, WINDOW)
     else:
-        for start in range(lo, hi, BLOCK_N):
-            nxt = _tile_slots(bt_row, start + BLOCK_N, lo_key, hi, BLOCK_N, PAGE)
-            m_i, l_i, acc = _attn_tile(q, k_base, v_base, slot, start, lo_key, hi, qpos, d, m_i, l_i, acc,
-                                       scale_log2, stride_kvs, BLOCK_N, DOT_PREC, EARLY_V, WINDOW)
-            slot = nxt
-
-    out_rows = out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
-    if NUM_SPLITS == 1:
-        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(out_rows, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
-    else:
-        row = (split * num_tokens + token) * NUM_HEADS + head  # partials: [S, T, H, (D)]
-        tl.store(po_ptr + row[:, None] * HEAD_DIM + d[None, :], acc, mask=row_ok[:, None] & has_keys)
-        tl.store(pm_ptr + row, m_i, mask=row_ok)
-        tl.store(pl_ptr + row, l_i, mask=row_ok)
+        wait_prior(PDL)
+        # Keys below kv_begin are invisible to every query of the tile, so skipping their tiles changes
+        # nothing; the tiles that remain keep their absolute positions.
+        first = kv_begin // BLOCK_N * BLOCK_N
+        for j in range(SPLIT_ITERS):
+            s = split + j * SPLIT_PROGRAMS
+            lo = tl.maximum(s * FIXED_SPLIT, first)
+            hi = tl.minimum(s * FIXED_SPLIT + FIXED_SPLIT, kv_end)
+            slot = _tile_slots(bt_row, lo, lo_key, hi, BLOCK_N, PAGE)
+            _attend_split(q_ptr, k_base, v_base, out_ptr, po_ptr, pm_ptr, pl_ptr, bt_row, token, head, row_ok,
+                          qpos, d, lo, hi, lo_key, slot, s, s < NUM_SPLITS, hi > lo, scale_log2, num_tokens,
+                          stride_qt, stride_qh, stride_kvs, stride_ot, stride_oh, NUM_HEADS, HEAD_DIM, BLOCK_M,
+                          BLOCK_N, PAGE, NUM_SPLITS, DOT_PREC, WHILE_LOOP, EARLY_V, WINDOW)
 
 
 @triton.jit
@@ -334,8 +360,13 @@ def triton_attention(
         if options.invariant_kv_split % block_n:
             raise ValueError(f"invariant_kv_split must be a multiple of {block_n}, got {options.invariant_kv_split}")
         num_splits = triton.cdiv(meta.block_tables.shape[1] * meta.block_size, options.invariant_kv_split)
-    elif num_splits is None:
-        num_splits = pick_num_splits(num_seqs * num_kv_heads * q_tiles, q.device, options.attn_programs_per_sm)
+        # How many programs share a tile's splits follows the default heuristic; it moves no split.
+        split_programs = min(num_splits, pick_num_splits(num_seqs * num_kv_heads * q_tiles, q.device,
+                                                         options.attn_programs_per_sm))
+    else:
+        if num_splits is None:
+            num_splits = pick_num_splits(num_seqs * num_kv_heads * q_tiles, q.device, options.attn_programs_per_sm)
+        split_programs = num_splits
     out = torch.empty_like(q) if out is None else out
     if num_tokens == 0:
         return out
@@ -350,7 +381,7 @@ def triton_attention(
     else:
         po = pm = pl = out  # unused
     pf = prefetch if prefetch is not None and prefetch_supported(q.device) else None
-    _attn_kernel[(num_seqs + (pf is not None), num_kv_heads, q_tiles * num_splits)](
+    _attn_kernel[(num_seqs + (pf is not None), num_kv_heads, q_tiles * split_programs)](
         q, k_cache, v_cache, out, po, pm, pl,
         meta.query_start_loc, meta.seq_lens, meta.block_tables,
         meta.kv_start if meta.kv_start is not None else meta.seq_lens,
@@ -362,6 +393,7 @@ def triton_attention(
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", WHILE_LOOP=_INTERPRET,
         CAUSAL=meta.causal, HAS_KV_START=meta.kv_start is not None, EARLY_V=invariant or meta.max_query_len <= 16,
         PREFETCH=pf is not None, WINDOW=int(window), FIXED_SPLIT=options.invariant_kv_split if invariant else 0,
+        SPLIT_PROGRAMS=split_programs, SPLIT_ITERS=triton.cdiv(num_splits, split_programs),
         num_warps=4, num_stages=3, **launch_kwargs(q.device, options.pdl),
     )
     if num_splits > 1 and invariant:
