@@ -229,13 +229,18 @@ def audited_run(model, draft, monkeypatch, method: str, fault: str | None, async
 
 
 @pytest.mark.parametrize("method", ["self", "draft_model"])
-def test_runtime_audit_flags_every_acceptance_fault(model, draft, monkeypatch, method):
+def test_runtime_audit_flags_every_acceptance_fault(target, model, draft, monkeypatch, method):
     """spec_audit_rate=1.0 re-checks every speculative row against sources independent of the
     verifier's draft read (the ids the model consumed, the proposer's own drafts, the host's
     committed tokens) and the engine's counters against the host re-verification. Without a fault
     it counts exactly 0 mismatches; each fault that moves acceptance is flagged, in the row counts
     derived below. (The self oracle accepts everything, so miscount_rejected has no rejected
-    position to miscount there: 0 flagged, and its counters do not move either.)"""
+    position to miscount there: 0 flagged, and its counters do not move either.)
+
+    The real target (CUDA) is flagged too, but its counts are not the tiny setup's: a placeholder read
+    as token 0 by both the real target and its draft can raise acceptance (measured with the real 0.5B
+    on the CPU: 46 of 79 drafts accepted against 31 of 119 without the fault, 19 of 28 rows flagged),
+    and rows without placeholders (after a drain) are not flagged."""
     toks, clean = audited_run(model, draft, monkeypatch, method, None)
     rows = clean["spec_decode_num_drafts"]
     assert rows > 0 and clean["spec_decode_audited_steps"] == rows  # every speculative row audited
@@ -244,8 +249,10 @@ def test_runtime_audit_flags_every_acceptance_fault(model, draft, monkeypatch, m
         # Every draft of the overlapped loop lives on the device: the verifier reads placeholders
         # (stale_host_draft) or the model reads them as token 0 (placeholder_leak), in every row.
         _, m = audited_run(model, draft, monkeypatch, method, fault)
-        assert m["spec_decode_num_accepted_tokens"] < clean["spec_decode_num_accepted_tokens"]  # acceptance drops
-        assert m["spec_decode_audit_mismatches"] == m["spec_decode_audited_steps"] == m["spec_decode_num_drafts"] > 0, fault
+        assert m["spec_decode_audit_mismatches"] > 0, fault
+        if target == "cpu":  # the tiny setup: every row, and acceptance drops
+            assert m["spec_decode_num_accepted_tokens"] < clean["spec_decode_num_accepted_tokens"]
+            assert m["spec_decode_audit_mismatches"] == m["spec_decode_audited_steps"] == m["spec_decode_num_drafts"], fault
     # The tokens stay right; the counters count one accepted draft too many in each row with a
     # rejection, and the audit flags exactly those rows.
     miscount_toks, m = audited_run(model, draft, monkeypatch, method, "miscount_rejected")
