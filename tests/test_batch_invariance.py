@@ -146,8 +146,8 @@ def attention_case(kv: torch.Tensor, target_q: torch.Tensor, ctx: int, case: str
         chunks, at = [others[1], SeqChunk([0] * 4, ctx - 1, blocks)], 1
     elif case == "prefill":  # the whole sequence in one chunk: the target query is its last
         chunks, at = [SeqChunk([0] * ctx, 0, blocks)], ctx - 1
-    elif case == "wide-table":  # a block table with more columns (more, empty, splits)
-        chunks, at = [SeqChunk([0], ctx - 1, blocks), SeqChunk([0], 3, spare[:12])], 0
+    elif case == "wide-table":  # a block table with 20 more columns than the target's (more, empty, splits)
+        chunks, at = [SeqChunk([0], ctx - 1, blocks), SeqChunk([0], 3, spare[:20] + blocks)], 0
     else:
         raise ValueError(case)
     _, _, meta = build_batch(chunks, PAGE, dev)
