@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
 
 from verispec.models.qwen2 import CausalLM, build_model
 
@@ -43,11 +42,3 @@ def layer_skip_draft(model: CausalLM, num_layers: int | None = None) -> CausalLM
     p = next(model.parameters())
     return build_model(dataclasses.replace(cfg, num_layers=keep), sd, p.device, p.dtype)
 
-
-def on_cuda(model: CausalLM) -> bool:
-    return next(model.parameters()).device.type == "cuda"
-
-
-def sync_device(model: CausalLM) -> None:
-    if on_cuda(model):
-        torch.cuda.synchronize()
