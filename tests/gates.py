@@ -7,8 +7,9 @@
     without CUDA) and `gpu_gate`: `pytest --gate-device cpu` runs these cells on the CPU instead (the
     real model on the torch path: a dry run of the GPU cells' plumbing and thresholds, slow).
 
-A gate module makes its `target` fixture with gate_target_fixture() and asks gate_model() for its model
-(the real model is loaded once per session: conftest.py's qwen05_gate)."""
+A gate module parametrizes its module-scoped `target` fixture over TARGETS (CUDA_ONLY for a GPU-only
+gate, as direct parametrization with scope="module") and asks gate_model() for its model (the real
+model is loaded once per session: conftest.py's qwen05_gate)."""
 
 from __future__ import annotations
 
