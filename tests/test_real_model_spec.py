@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from gates import CUDA_ONLY, TARGETS
 from parity import STRESS, run_scenario, scenario_params
-from tiny import tiny_engine
+from tiny import CheapDrafts, tiny_engine
 
 from verispec import SamplingParams
 
@@ -108,9 +108,12 @@ def parity_cell(real, prompts, spec) -> None:
     ps = [prompts[1], shared + prompts[2], prompts[3], shared + prompts[0][:5], prompts[2], prompts[0]]
     params = scenario_params(max_tokens=18)
     cells = {}
+    # The adaptive policy under a cost where accepted drafts pay (tiny.CheapDrafts, as test_async_parity), so
+    # that it drafts whatever this machine's measured step costs are.
+    cost = {"step_cost": CheapDrafts()} if spec and spec.get("adaptive") else {}
     for mode in (False, True):
         def make(spec_, a):
-            return build(real, spec_, a, **{**STRESS, "num_gpu_blocks": 11})
+            return build(real, spec_, a, **{**STRESS, "num_gpu_blocks": 11, **cost})
         cells[mode] = run_scenario(make, spec, mode, ps, params)
     (s_toks, s_c, s_m, _), (a_toks, a_c, _, eng) = cells[False], cells[True]
     assert a_toks == s_toks
