@@ -95,10 +95,32 @@ def hf_gemma(gemma_path):
     return model.eval()
 
 
+def pytest_addoption(parser):
+    parser.addoption("--gate-device", default="cuda", choices=("cuda", "cpu"),
+                     help="where the real-model cells of the acceptance gates (marked gpu_gate, tests/gates.py) run: "
+                          "cuda, or cpu for a dry run of those cells without a GPU (the torch path: slow)")
+
+
+@pytest.fixture(scope="session")
+def gate_device(pytestconfig) -> torch.device:
+    return torch.device(pytestconfig.getoption("--gate-device"))
+
+
+@pytest.fixture(scope="session")
+def qwen05_gate(qwen05_path, gate_device):
+    """(tokenizer, config, model): the real 0.5B in float32 on the gate device (CUDA unless --gate-device
+    cpu), for the GPU cells of the acceptance gates (tests/gates.py). Its first engine switches it onto
+    the Triton kernels on CUDA."""
+    from verispec.loader.model_loader import load_model
+
+    return load_model(str(qwen05_path), gate_device, torch.float32, progress=False)
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
+    dry_run = config.getoption("--gate-device") == "cpu"  # the GPU gate cells on the CPU
     skip = pytest.mark.skip(reason="needs CUDA")
     for item in items:
-        if "gpu" in item.keywords:
+        if "gpu" in item.keywords and not (dry_run and "gpu_gate" in item.keywords):
             item.add_marker(skip)

@@ -46,9 +46,10 @@ def scenario_params(max_tokens: int = 24) -> list[SamplingParams]:
 STRESS = dict(num_gpu_blocks=17, block_size=8, max_num_batched_tokens=13)
 
 
-def run_scenario(make_engine, method: str, async_scheduling: bool, prompts, params):
-    """(token ids per request, acceptance counters, metrics) for one cell of the matrix."""
-    eng = make_engine(SPECS[method], async_scheduling)
+def run_scenario(make_engine, method: str | dict | None, async_scheduling: bool, prompts, params):
+    """(token ids per request, acceptance counters, metrics, engine) for one cell of the matrix. method: a
+    SPECS name, or the speculative_config itself (a dict, or None for none)."""
+    eng = make_engine(SPECS[method] if isinstance(method, str) else method, async_scheduling)
     for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
         eng.add_request(f"r{i}", None, sp, p)
         if i == 0:

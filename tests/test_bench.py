@@ -267,3 +267,36 @@ def test_profile_table_says_when_kernel_times_overlap():
                graph_us=6.0, bytes_per_step=1e6, ideal_us=0.2)
     assert PDL_NOTE in format_profile({**res, "pdl": True})
     assert PDL_NOTE not in format_profile({**res, "pdl": False})
+
+
+def test_invariance_rows_against_plain_batch_one(tmp_path):
+    """bench invariance: the reference row (none at batch 1) and every (method, batch) row, with
+    counts of mismatching requests. On the CPU in float32 the tiny model's greedy tokens do not depend
+    on the batch, and greedy speculation is lossless: 0 mismatches everywhere."""
+    out, prompts = tmp_path / "r.json", tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt_token_ids": [7, 8, 9, 10, 7, 8, 9]}\n{"prompt_token_ids": [1, 2, 3, 1, 2, 3, 1, 2]}\n'
+                       '{"prompt_token_ids": [5, 4, 3]}\n')
+    assert cli(["bench", "invariance", *BASE, "--model-overrides", TINY, "--json", str(out), "--prompts", str(prompts),
+                "--methods", "none,ngram,self", "--batch-sizes", "1,3", "--num-prompts", "3", "--output-len", "6",
+                "-k", "2"]) == 0
+    res = json.loads(out.read_text())
+    cells = [(r["method"], r["batch_size"]) for r in res["rows"]]
+    assert cells == [("none", 1), ("none", 3), ("ngram", 1), ("ngram", 3), ("self", 1), ("self", 3)]
+    assert all(r["mismatches"] == 0 and r["first_mismatch"] is None and r["output_tokens"] == 18 for r in res["rows"])
+    assert all(r["acceptance_rate"] == 1.0 for r in res["rows"] if r["method"] == "self")
+
+
+def test_invariance_compare_finds_the_first_mismatch():
+    from verispec.bench.invariance import compare
+
+    ref = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    assert compare([[1, 2, 3], [4, 0, 6], [7, 8, 0]], ref) == {"mismatches": 2, "first_mismatch": 1,
+                                                               "mismatched": [[1, 1], [2, 2]]}
+    assert compare(ref, ref) == {"mismatches": 0, "first_mismatch": None, "mismatched": []}
+
+
+def test_invariance_rejects_a_bad_method(capsys):
+    """A usage error before anything loads."""
+    with pytest.raises(SystemExit) as e:
+        cli(["bench", "invariance", *BASE, "--methods", "none,magic"])
+    assert e.value.code == 2 and "none,magic" in capsys.readouterr().err

@@ -44,7 +44,7 @@ BAD = {
     "batch_invariant": 0,
 }
 # Contract keywords the engine does not implement yet: accepted at their defaults, refused otherwise.
-UNSUPPORTED = {"quantization": "gguf", "tensor_parallel_size": 2, "data_parallel_size": 2, "batch_invariant": True}
+UNSUPPORTED = {"quantization": "gguf", "tensor_parallel_size": 2, "data_parallel_size": 2}
 
 
 @pytest.fixture
@@ -111,6 +111,20 @@ def test_contract_options_not_implemented_yet(name, no_load):
         EngineConfig(**{name: UNSUPPORTED[name]})
     assert isinstance(err.value, ValueError) and isinstance(err.value, NotImplementedError)
     EngineConfig(quantization="none", batch_invariant=False)  # what the engine does anyway
+
+
+def test_batch_invariant_needs_cuda(no_load):
+    """batch_invariant=True is a config value like any other, and on a device without the CUDA kernels
+    a ValueError naming it, before anything loads."""
+    from verispec.engine.builder import resolve_config
+    from verispec.entrypoints.llm import LLM
+
+    assert EngineConfig(batch_invariant=True).batch_invariant is True
+    with pytest.raises(ValueError, match="batch_invariant=True needs CUDA"):
+        resolve_config(EngineConfig(device="cpu", batch_invariant=True))
+    with pytest.raises(ValueError, match="batch_invariant=True needs CUDA"):
+        LLM(device="cpu", batch_invariant=True)
+    assert resolve_config(EngineConfig(device="cpu", batch_invariant=False)).batch_invariant is False
 
 
 def test_configs_are_frozen_and_hashable():

@@ -184,3 +184,24 @@ def test_stage_kernel_fills_placeholders(n, b, q, num_ph):
     for name, w, got, m in zip(("ids", "positions", "slots", "qsl", "seq_lens", "tables"), *bufs,
                                (b * q, b * q, b * q, b + 1, b, b), strict=True):
         assert torch.equal(got[:m], w[:m]), name
+
+
+def test_stage_kernel_without_writeback_leaves_the_step_ids():
+    """The graph_stage_no_writeback fault's kernel: the static ids get the placeholders' values, the
+    step's own ids keep the placeholders (what the verifier then reads as drafts)."""
+    from verispec.kernels.graph_inputs import stage_graph_inputs
+
+    runner = _two_runners(max_batch=4)[0]
+    n, b, q = 2, 4, 3
+    ids = torch.tensor([5, -1, -1, 7, -1, 9])
+    pos_t, src_t, flat = torch.tensor([1, 2, 4]), torch.tensor([0, 2, 1]), torch.tensor([100, 101, 102])
+    rest = (torch.arange(6), torch.arange(6), torch.tensor([0, 3, 6], dtype=torch.int32),
+            torch.tensor([3, 4], dtype=torch.int32), torch.zeros(2, 2, dtype=torch.int32))
+    bufs = (runner.input_ids, runner.positions, runner.slot_mapping, runner.query_start_loc, runner.seq_lens,
+            runner.block_tables)
+    for writeback, want_step in ((True, [5, 100, 102, 7, 101, 9]), (False, [5, -1, -1, 7, -1, 9])):
+        step = ids.clone()
+        stage_graph_inputs((step, *rest), bufs, n, b, q, runner.scratch_block, 4, (pos_t, src_t, flat),
+                           writeback=writeback)
+        assert runner.input_ids[:6].tolist() == [5, 100, 102, 7, 101, 9]
+        assert step.tolist() == want_step

@@ -1,12 +1,15 @@
-"""Speculative decoding and sync/async parity on the real qwen2.5-coder-0.5b-instruct (CPU, float32).
+"""Speculative decoding and sync/async parity on the real qwen2.5-coder-0.5b-instruct, float32, on two
+targets (tests/gates.py): the CPU (the torch path) and CUDA with CUDA graphs and the Triton kernels
+(marked gpu; there the -m slow cells are fast and run with -m gpu).
 
-The engines here share the session's loaded model (no reload) and differ only in their options."""
+The engines here share the target's loaded model (no reload) and differ only in their options."""
 
 from __future__ import annotations
 
 import pytest
+from gates import CUDA_ONLY, TARGETS
 from parity import STRESS, run_scenario, scenario_params
-from tiny import tiny_engine
+from tiny import CheapDrafts, tiny_engine
 
 from verispec import SamplingParams
 
@@ -21,9 +24,19 @@ CODE_PROMPTS = [
 ]
 
 
+@pytest.fixture(scope="module", params=TARGETS)
+def target(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def real(llm05):
-    return llm05.engine.parts.model, llm05.tokenizer
+def real(target, request):
+    """(model, tokenizer): the session's CPU LLM's model, or the real 0.5B on CUDA (conftest.qwen05_gate)."""
+    if target == "cpu":
+        llm = request.getfixturevalue("llm05")
+        return llm.engine.parts.model, llm.tokenizer
+    tok, _, model = request.getfixturevalue("qwen05_gate")
+    return model, tok
 
 
 @pytest.fixture(scope="module")
@@ -68,33 +81,91 @@ def test_real_lossless_and_oracle(real, prompts, baseline, method):
     m = eng.get_metrics()
     assert m["spec_decode_num_drafts"] > 0 and m["num_preemptions"] > 0
     if method == "self":
-        # CPU float32: the target drafting for itself accepts every draft (0.99 is for bf16 / GPU).
+        # float32 (CPU, and CUDA as measured on the H200): the target drafting for itself accepts every
+        # draft (0.99 in bf16 without batch invariance).
         assert m["spec_decode_num_accepted_tokens"] == m["spec_decode_num_draft_tokens"], m
 
 
-@pytest.mark.parametrize("method", ["none", "ngram", "self", "draft_model"])
-def test_real_sync_async_parity(real, prompts, method):
-    """The parity matrix cell with real weights: forced preemption, small chunked prefill,
-    prefix-cache hits, requests finishing mid-batch, mixed temperatures with seeds."""
-    from parity import SPECS
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["none", "ngram", "self"])
+def test_real_batch_one_equals_batch_n(real, prompts, baseline, method):
+    """Plain decoding one request at a time (max_num_seqs=1) gives the batched baseline's tokens, and so
+    does each method at batch 4 and at batch 1: a request's tokens do not depend on the batch (float32)."""
+    spec = None if method == "none" else {"method": method, "num_speculative_tokens": 3, "adaptive": False}
+    for max_num_seqs in (1, len(prompts)):
+        eng = build(real, spec, True, max_num_seqs=max_num_seqs)
+        assert generate(eng, prompts, GREEDY) == baseline, (method, max_num_seqs)
+        if spec:
+            assert eng.get_metrics()["spec_decode_num_drafts"] > 0
 
+
+def parity_cell(real, prompts, spec) -> None:
+    """The parity matrix cell with real weights: forced preemption, small chunked prefill,
+    prefix-cache hits, requests finishing mid-batch, mixed temperatures with seeds; the synchronous and
+    the overlapped loop give the same tokens and the same acceptance counters (per position too)."""
     shared = prompts[1][:40]
     # r0 runs alone first and publishes the shared prefix that r1 and r3 then hit.
     ps = [prompts[1], shared + prompts[2], prompts[3], shared + prompts[0][:5], prompts[2], prompts[0]]
     params = scenario_params(max_tokens=18)
     cells = {}
+    # The adaptive policy under a cost where accepted drafts pay (tiny.CheapDrafts, as test_async_parity), so
+    # that it drafts whatever this machine's measured step costs are.
+    cost = {"step_cost": CheapDrafts()} if spec and spec.get("adaptive") else {}
     for mode in (False, True):
-        def make(spec, a, _mode=mode):
-            return build(real, spec, a, **{**STRESS, "num_gpu_blocks": 11})
-        cells[mode] = run_scenario(make, method, mode, ps, params)
+        def make(spec_, a):
+            return build(real, spec_, a, **{**STRESS, "num_gpu_blocks": 11, **cost})
+        cells[mode] = run_scenario(make, spec, mode, ps, params)
     (s_toks, s_c, s_m, _), (a_toks, a_c, _, eng) = cells[False], cells[True]
     assert a_toks == s_toks
     assert a_c == s_c
     assert s_m["num_preemptions"] > 0
     assert s_m["prefix_cache_hits"] > 0
-    if SPECS[method]:
+    if spec:
         assert s_c["spec_decode_num_drafts"] > 0
     assert eng.blocks.num_free_blocks == eng.blocks.num_blocks
+
+
+@pytest.mark.parametrize("method", ["none", "ngram", "self", "draft_model"])
+def test_real_sync_async_parity(real, prompts, method):
+    """parity_cell for each method, k pinned."""
+    from parity import SPECS
+
+    parity_cell(real, prompts, SPECS[method])
+
+
+@pytest.fixture(scope="module")
+def real_drafter(real, tmp_path_factory) -> str:
+    """An untrained DFlash drafter (float32) for the real 0.5B, saved in the published layout."""
+    import torch
+
+    from verispec.spec_decode.dflash import save_drafter
+    from verispec.spec_decode.dflash_model import DFlashDrafter, new_config
+    from verispec.train.data import pick_mask_token
+
+    model, tok = real
+    cfg = new_config(model, "qwen2.5-coder-0.5b-instruct", pick_mask_token(tok, model.config.vocab_size))
+    drafter = DFlashDrafter(cfg)
+    drafter.init_weights(seed=1)
+    path = tmp_path_factory.mktemp("real_dflash")
+    save_drafter(drafter, path, torch.float32)
+    return str(path)
+
+
+CUDA_CELLS = [("dflash", False), ("ngram", True), ("self", True), ("draft_model", True), ("dflash", True)]
+
+
+@pytest.mark.parametrize("target", CUDA_ONLY, scope="module")
+@pytest.mark.parametrize("method, adaptive", CUDA_CELLS,
+                         ids=[f"{m}-{'adaptive' if a else 'pinned'}" for m, a in CUDA_CELLS])
+def test_real_sync_async_parity_more(real, prompts, method, adaptive, request):
+    """The rest of the matrix where it is cheap (CUDA): dflash, and the adaptive policy (same inputs in
+    both loops, so same plans)."""
+    from parity import SPECS
+
+    spec = {**SPECS[method], "adaptive": adaptive}
+    if method == "dflash":
+        spec["model"] = request.getfixturevalue("real_drafter")
+    parity_cell(real, prompts, spec)
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ from verispec.attention.reference import ReferenceBackend
 from verispec.config import EngineConfig, ModelConfig, SpeculativeConfig
 from verispec.engine.builder import assemble_parts
 from verispec.engine.engine import LLMEngine
+from verispec.loader.model_loader import DTYPES
 from verispec.models.qwen2 import CausalLM, build_model
 
 
@@ -55,19 +56,22 @@ def tiny_engine(
     model: CausalLM | None = None, spec: dict | None = None, draft_override: CausalLM | None = None,
     step_cost=None, **kw
 ) -> LLMEngine:
-    """An engine around a tiny model. kw override EngineConfig fields; draft_override is the model
-    that a draft_model speculative_config drafts with (instead of loading its registry name);
-    step_cost: the adaptive policy's cost model (None: the engine's own, analytic on CPU).
+    """An engine around a tiny model (or any built CausalLM: the engine runs on the model's device in its
+    dtype, so the real 0.5B on CUDA gets CUDA graphs and the Triton kernels). kw override EngineConfig
+    fields; draft_override is the model that a draft_model speculative_config drafts with (instead of
+    loading its registry name); step_cost: the adaptive policy's cost model (None: the engine's own,
+    analytic on CPU).
 
     No gc.freeze at start-up unless kw asks for it (gc_freeze=True, the engine's default): each freeze
     is a full collection (~0.2 s here), which the many engines of the tests would pay again and again."""
     model = model or tiny_model()
     draft = None if draft_override is None else (real_tokenizer(), draft_override.config, draft_override)
-    defaults = dict(model="tiny", device="cpu", dtype="float32", max_num_batched_tokens=256, num_gpu_blocks=256,
+    p = next(model.parameters())
+    dtype = next(name for name, d in DTYPES.items() if d == p.dtype)
+    defaults = dict(model="tiny", device=str(p.device), dtype=dtype, max_num_batched_tokens=256, num_gpu_blocks=256,
                     gc_freeze=False)
     cfg = EngineConfig(**{**defaults, **kw}, speculative_config=SpeculativeConfig.from_dict(spec))
-    parts = assemble_parts(cfg, real_tokenizer(), model, torch.device("cpu"), torch.float32, draft_model=draft,
-                           step_cost=step_cost)
+    parts = assemble_parts(cfg, real_tokenizer(), model, p.device, p.dtype, draft_model=draft, step_cost=step_cost)
     return LLMEngine(cfg, parts)
 
 

@@ -273,8 +273,9 @@ class EngineConfig(_Checked):
     data_parallel_size: int = option(1, "engine replicas (only 1 is implemented yet)", **_at_least(1),
                                      supported=(1,))
     batch_invariant: bool | None = option(
-        None, "True: a request's tokens never depend on the batch (None: the engine's default, off; True is "
-              "not implemented yet)", supported=(None, False))
+        None, "True (CUDA only): a request's tokens never depend on the batch, on speculation or on chunking: "
+              "every linear layer, attention split and reduction in one fixed order whatever the step's shape "
+              "(None: the engine's default, off)")
 
     def __post_init__(self) -> None:
         if not isinstance(self.speculative_config, SpeculativeConfig | None):

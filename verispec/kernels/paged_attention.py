@@ -9,6 +9,11 @@ CUDA-graph contract (read this before capturing a graph around these functions):
     a graph must only be replayed for steps whose every sequence has exactly that query length)
     and meta.block_size (an engine constant). meta.max_seq_len is never used, and the split-K
     factor depends only on shapes, so a graph replays correctly for any context length.
+  * Batch-invariant mode (KernelOptions.batch_invariant): one query tile size for every query length,
+    and split s holds keys [s * invariant_kv_split, (s + 1) * invariant_kv_split) of its sequence, for
+    as many splits as the block table's width holds keys (a shape); the splits are merged in order. So
+    a query's result depends on its sequence's keys only: not on the other sequences, its own query
+    count (decode, verify, prefill chunk) or the block table's width.
   * Sequence b's queries are tokens [query_start_loc[b], query_start_loc[b+1]); query i of a
     sequence with q_len queries sees context positions [0, seq_len - q_len + i]. A sequence whose
     query tokens have no visible key (e.g. a padding row with seq_len 0) gets zeros, never NaN.
@@ -90,6 +95,48 @@ def _attn_tile(q, k_ptr, v_ptr, slot, start, lo_key, hi, qpos, d, m_i, l_i, acc,
 
 
 @triton.jit
+def _attend_split(q_ptr, k_base, v_base, out_ptr, po_ptr, pm_ptr, pl_ptr, bt_row, token, head, row_ok, qpos, d,
+                  lo, hi, lo_key, slot, split, store_ok, has_keys, scale_log2, num_tokens, stride_qt, stride_qh,
+                  stride_kvs, stride_ot, stride_oh,
+                  NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_PREC: tl.constexpr, WHILE_LOOP: tl.constexpr,
+                  EARLY_V: tl.constexpr, WINDOW: tl.constexpr):
+    """One split of one query tile: the online softmax over keys [lo, hi) (slot: the first tile's cache
+    slots, loaded by the caller), then the output (one split) or the split's partials. store_ok: this
+    split exists; has_keys: its acc is stored (else only its (m, l))."""
+    q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                mask=row_ok[:, None] & has_keys, other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    if WHILE_LOOP:  # the interpreter cannot take tensor bounds in range() (numpy 2)
+        start = lo
+        while start < hi:
+            nxt = _tile_slots(bt_row, start + BLOCK_N, lo_key, hi, BLOCK_N, PAGE)
+            m_i, l_i, acc = _attn_tile(q, k_base, v_base, slot, start, lo_key, hi, qpos, d, m_i, l_i, acc,
+                                       scale_log2, stride_kvs, BLOCK_N, DOT_PREC, EARLY_V, WINDOW)
+            slot = nxt
+            start += BLOCK_N
+    else:
+        for start in range(lo, hi, BLOCK_N):
+            nxt = _tile_slots(bt_row, start + BLOCK_N, lo_key, hi, BLOCK_N, PAGE)
+            m_i, l_i, acc = _attn_tile(q, k_base, v_base, slot, start, lo_key, hi, qpos, d, m_i, l_i, acc,
+                                       scale_log2, stride_kvs, BLOCK_N, DOT_PREC, EARLY_V, WINDOW)
+            slot = nxt
+
+    ok = row_ok & store_ok
+    out_rows = out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
+    if NUM_SPLITS == 1:
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(out_rows, o.to(out_ptr.dtype.element_ty), mask=ok[:, None])
+    else:
+        row = (split * num_tokens + token) * NUM_HEADS + head  # partials: [S, T, H, (D)]
+        tl.store(po_ptr + row[:, None] * HEAD_DIM + d[None, :], acc, mask=ok[:, None] & has_keys)
+        tl.store(pm_ptr + row, m_i, mask=ok)
+        tl.store(pl_ptr + row, l_i, mask=ok)
+
+
+@triton.jit
 def _attn_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, po_ptr, pm_ptr, pl_ptr,
     qsl_ptr, seq_lens_ptr, bt_ptr, kv_start_ptr,
@@ -100,7 +147,16 @@ def _attn_kernel(
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     DOT_PREC: tl.constexpr, WHILE_LOOP: tl.constexpr, CAUSAL: tl.constexpr, HAS_KV_START: tl.constexpr,
     EARLY_V: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, WINDOW: tl.constexpr,
+    FIXED_SPLIT: tl.constexpr, SPLIT_PROGRAMS: tl.constexpr, SPLIT_ITERS: tl.constexpr,
 ):
+    """Grid (sequences [+ 1 prefetch row], KV heads, query tiles x SPLIT_PROGRAMS).
+
+    FIXED_SPLIT == 0: NUM_SPLITS == SPLIT_PROGRAMS splits, one per program, cutting the keys the query
+    tile sees into equal parts. FIXED_SPLIT > 0 (batch-invariant mode): split s covers keys
+    [s * FIXED_SPLIT, (s + 1) * FIXED_SPLIT) of its sequence whatever the step, its key tiles at
+    multiples of BLOCK_N; program p does splits p, p + SPLIT_PROGRAMS, ... (SPLIT_ITERS of them), so how
+    many programs share the work (a shape choice) never changes a split; an empty split stores only its
+    (m, l) = (-inf, 0)."""
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
     b = tl.program_id(0)
     if PREFETCH:  # the grid's last row of programs: L2 prefetch of the next weights, then exit
@@ -109,8 +165,8 @@ def _attn_kernel(
                              tl.num_programs(1) * tl.num_programs(2), 32 * 4)
             return
     kvh = tl.program_id(1)
-    qt = tl.program_id(2) // NUM_SPLITS
-    split = tl.program_id(2) % NUM_SPLITS
+    qt = tl.program_id(2) // SPLIT_PROGRAMS
+    split = tl.program_id(2) % SPLIT_PROGRAMS
 
     # The step's metadata (and the first tile's block ids) are read before the PDL wait, as the kernel
     # before this one writes q and the KV cache, never the metadata (pdl.py).
@@ -150,44 +206,33 @@ def _attn_kernel(
             first_qpos = seq_len - 1
         kv_begin = tl.maximum(first_qpos - WINDOW + 1, 0)
         kv_begin = tl.minimum(kv_begin, kv_end)
-    per_split = tl.cdiv(tl.cdiv(kv_end - kv_begin, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    lo = kv_begin + split * per_split
-    hi = tl.minimum(lo + per_split, kv_end)
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
-    slot = _tile_slots(bt_row, lo, lo_key, hi, BLOCK_N, PAGE)
     k_base = k_ptr + kvh.to(tl.int64) * stride_kvh
     v_base = v_ptr + kvh.to(tl.int64) * stride_kvh
-    wait_prior(PDL)
-
-    q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
-                mask=row_ok[:, None], other=0.0)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    if WHILE_LOOP:  # the interpreter cannot take tensor bounds in range() (numpy 2)
-        start = lo
-        while start < hi:
-            nxt = _tile_slots(bt_row, start + BLOCK_N, lo_key, hi, BLOCK_N, PAGE)
-            m_i, l_i, acc = _attn_tile(q, k_base, v_base, slot, start, lo_key, hi, qpos, d, m_i, l_i, acc,
-                                       scale_log2, stride_kvs, BLOCK_N, DOT_PREC, EARLY_V, WINDOW)
-            slot = nxt
-            start += BLOCK_N
+    if FIXED_SPLIT == 0:
+        per_split = tl.cdiv(tl.cdiv(kv_end - kv_begin, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        lo = kv_begin + split * per_split
+        hi = tl.minimum(lo + per_split, kv_end)
+        slot = _tile_slots(bt_row, lo, lo_key, hi, BLOCK_N, PAGE)
+        wait_prior(PDL)
+        _attend_split(q_ptr, k_base, v_base, out_ptr, po_ptr, pm_ptr, pl_ptr, bt_row, token, head, row_ok, qpos, d,
+                      lo, hi, lo_key, slot, split, True, True, scale_log2, num_tokens, stride_qt, stride_qh,
+                      stride_kvs, stride_ot, stride_oh, NUM_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, PAGE, NUM_SPLITS,
+                      DOT_PREC, WHILE_LOOP, EARLY_V, WINDOW)
     else:
-        for start in range(lo, hi, BLOCK_N):
-            nxt = _tile_slots(bt_row, start + BLOCK_N, lo_key, hi, BLOCK_N, PAGE)
-            m_i, l_i, acc = _attn_tile(q, k_base, v_base, slot, start, lo_key, hi, qpos, d, m_i, l_i, acc,
-                                       scale_log2, stride_kvs, BLOCK_N, DOT_PREC, EARLY_V, WINDOW)
-            slot = nxt
-
-    out_rows = out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
-    if NUM_SPLITS == 1:
-        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(out_rows, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
-    else:
-        row = (split * num_tokens + token) * NUM_HEADS + head  # partials: [S, T, H, (D)]
-        tl.store(po_ptr + row[:, None] * HEAD_DIM + d[None, :], acc, mask=row_ok[:, None])
-        tl.store(pm_ptr + row, m_i, mask=row_ok)
-        tl.store(pl_ptr + row, l_i, mask=row_ok)
+        wait_prior(PDL)
+        # Keys below kv_begin are invisible to every query of the tile, so skipping their tiles changes
+        # nothing; the tiles that remain keep their absolute positions.
+        first = kv_begin // BLOCK_N * BLOCK_N
+        for j in range(SPLIT_ITERS):
+            s = split + j * SPLIT_PROGRAMS
+            lo = tl.maximum(s * FIXED_SPLIT, first)
+            hi = tl.minimum(s * FIXED_SPLIT + FIXED_SPLIT, kv_end)
+            slot = _tile_slots(bt_row, lo, lo_key, hi, BLOCK_N, PAGE)
+            _attend_split(q_ptr, k_base, v_base, out_ptr, po_ptr, pm_ptr, pl_ptr, bt_row, token, head, row_ok,
+                          qpos, d, lo, hi, lo_key, slot, s, s < NUM_SPLITS, hi > lo, scale_log2, num_tokens,
+                          stride_qt, stride_qh, stride_kvs, stride_ot, stride_oh, NUM_HEADS, HEAD_DIM, BLOCK_M,
+                          BLOCK_N, PAGE, NUM_SPLITS, DOT_PREC, WHILE_LOOP, EARLY_V, WINDOW)
 
 
 @triton.jit
@@ -215,6 +260,40 @@ def _combine_kernel(
     tl.store(out_ptr + t * stride_ot + h * stride_oh + tl.arange(0, HEAD_DIM), o.to(out_ptr.dtype.element_ty))
 
 
+@triton.jit
+def _combine_ordered_kernel(
+    out_ptr, po_ptr, pm_ptr, pl_ptr, num_tokens, stride_ot, stride_oh,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, PDL: tl.constexpr,
+):
+    """Batch-invariant merge of one (token, head)'s split partials: the splits added in order 0, 1, ...,
+    and a split without keys for this query (weight 0) skipped, never loaded, so a query's result is
+    the same whatever the number of (empty) splits after its last key, and equals the one-split store."""
+    wait_prior(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    d = tl.arange(0, HEAD_DIM)
+    stride_s = num_tokens * NUM_HEADS  # between splits (int32: splits * tokens * heads is far below 2^31)
+    row0 = t * NUM_HEADS + h
+    m_max = tl.load(pm_ptr + row0)
+    for s in tl.range(1, NUM_SPLITS):
+        m_max = tl.maximum(m_max, tl.load(pm_ptr + s * stride_s + row0))
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    zeros = tl.zeros([HEAD_DIM], tl.float32)
+    w = tl.exp2(tl.load(pm_ptr + row0) - m_max)
+    denom = w * tl.load(pl_ptr + row0)
+    wv = zeros + w
+    o = wv * tl.load(po_ptr + row0 * HEAD_DIM + d, mask=wv > 0, other=0.0)
+    for s in tl.range(1, NUM_SPLITS):
+        row = s * stride_s + row0
+        w = tl.exp2(tl.load(pm_ptr + row) - m_max)
+        denom += w * tl.load(pl_ptr + row)  # + 0.0 when the split has no key for this query: exact
+        wv = zeros + w
+        part = tl.load(po_ptr + row * HEAD_DIM + d, mask=wv > 0, other=0.0)
+        o = tl.where(wv > 0, o + wv * part, o)
+    o = o / tl.where(denom > 0, denom, 1.0)
+    tl.store(out_ptr + t * stride_ot + h * stride_oh + d, o.to(out_ptr.dtype.element_ty))
+
+
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 4  # the interpreter: keep the split count small
@@ -224,10 +303,16 @@ def _num_sms(device: torch.device) -> int:
     return _NUM_SMS[idx]
 
 
-def _tiles(num_heads: int, num_kv_heads: int, max_query_len: int) -> tuple[int, int, int]:
-    """(GROUP_PAD, BLOCK_Q, number of query tiles) for this query length."""
+INVARIANT_TILE_ROWS = 64  # batch-invariant mode: query rows (queries x padded head group) of every tile
+
+
+def _tiles(num_heads: int, num_kv_heads: int, max_query_len: int, invariant: bool = False) -> tuple[int, int, int]:
+    """(GROUP_PAD, BLOCK_Q, number of query tiles) for this query length (invariant: one tile size for
+    every query length, INVARIANT_TILE_ROWS rows)."""
     group_pad = triton.next_power_of_2(num_heads // num_kv_heads)
-    if max_query_len <= 16:  # decode / verify: all of a sequence's queries in one tile if possible
+    if invariant:
+        block_q = max(1, INVARIANT_TILE_ROWS // group_pad)
+    elif max_query_len <= 16:  # decode / verify: all of a sequence's queries in one tile if possible
         block_q = min(triton.next_power_of_2(max_query_len), max(1, 128 // group_pad))
     else:  # prefill: 64-row tiles
         block_q = max(1, 64 // group_pad)
@@ -255,7 +340,8 @@ def triton_attention(
     """Paged causal attention; q: [T, H, D] -> [T, H, D]. Same contract as reference_attention
     (window: the layer's sliding window, 0 for a global layer).
 
-    num_splits forces the split-K factor (default: from shapes and options.attn_programs_per_sm);
+    num_splits forces the split-K factor (default: from shapes and options.attn_programs_per_sm; ignored
+    with options.batch_invariant, whose splits are invariant_kv_split keys each);
     out: optional output buffer; prefetch: weight regions an extra row of programs asks L2 for
     (kernels/l2_prefetch.py; ignored where unsupported); options: PDL and the split target."""
     if meta.block_size is None:
@@ -267,9 +353,20 @@ def triton_attention(
     if q.stride(-1) != 1:
         q = q.contiguous()
     num_seqs = meta.query_start_loc.shape[0] - 1
-    group_pad, block_q, q_tiles = _tiles(num_heads, num_kv_heads, meta.max_query_len)
-    if num_splits is None:
-        num_splits = pick_num_splits(num_seqs * num_kv_heads * q_tiles, q.device, options.attn_programs_per_sm)
+    invariant = options.batch_invariant
+    group_pad, block_q, q_tiles = _tiles(num_heads, num_kv_heads, meta.max_query_len, invariant)
+    block_n = 64 if head_dim <= 128 else 32
+    if invariant:  # fixed key positions per split: as many splits as the block table can hold keys (shape only)
+        if options.invariant_kv_split % block_n:
+            raise ValueError(f"invariant_kv_split must be a multiple of {block_n}, got {options.invariant_kv_split}")
+        num_splits = triton.cdiv(meta.block_tables.shape[1] * meta.block_size, options.invariant_kv_split)
+        # How many programs share a tile's splits follows the default heuristic; it moves no split.
+        split_programs = min(num_splits, pick_num_splits(num_seqs * num_kv_heads * q_tiles, q.device,
+                                                         options.attn_programs_per_sm))
+    else:
+        if num_splits is None:
+            num_splits = pick_num_splits(num_seqs * num_kv_heads * q_tiles, q.device, options.attn_programs_per_sm)
+        split_programs = num_splits
     out = torch.empty_like(q) if out is None else out
     if num_tokens == 0:
         return out
@@ -283,9 +380,8 @@ def triton_attention(
                 t.fill_(float("nan"))
     else:
         po = pm = pl = out  # unused
-    block_n = 64 if head_dim <= 128 else 32
     pf = prefetch if prefetch is not None and prefetch_supported(q.device) else None
-    _attn_kernel[(num_seqs + (pf is not None), num_kv_heads, q_tiles * num_splits)](
+    _attn_kernel[(num_seqs + (pf is not None), num_kv_heads, q_tiles * split_programs)](
         q, k_cache, v_cache, out, po, pm, pl,
         meta.query_start_loc, meta.seq_lens, meta.block_tables,
         meta.kv_start if meta.kv_start is not None else meta.seq_lens,
@@ -295,10 +391,17 @@ def triton_attention(
         NUM_HEADS=num_heads, GROUP=num_heads // num_kv_heads, GROUP_PAD=group_pad, BLOCK_Q=block_q,
         BLOCK_N=block_n, HEAD_DIM=head_dim, PAGE=meta.block_size, NUM_SPLITS=num_splits,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", WHILE_LOOP=_INTERPRET,
-        CAUSAL=meta.causal, HAS_KV_START=meta.kv_start is not None, EARLY_V=meta.max_query_len <= 16,
-        PREFETCH=pf is not None, WINDOW=int(window), num_warps=4, num_stages=3, **launch_kwargs(q.device, options.pdl),
+        CAUSAL=meta.causal, HAS_KV_START=meta.kv_start is not None, EARLY_V=invariant or meta.max_query_len <= 16,
+        PREFETCH=pf is not None, WINDOW=int(window), FIXED_SPLIT=options.invariant_kv_split if invariant else 0,
+        SPLIT_PROGRAMS=split_programs, SPLIT_ITERS=triton.cdiv(num_splits, split_programs),
+        num_warps=4, num_stages=3, **launch_kwargs(q.device, options.pdl),
     )
-    if num_splits > 1:
+    if num_splits > 1 and invariant:
+        _combine_ordered_kernel[(num_tokens, num_heads)](
+            out, po, pm, pl, num_tokens, out.stride(0), out.stride(1), NUM_HEADS=num_heads, HEAD_DIM=head_dim,
+            NUM_SPLITS=num_splits, num_warps=1, **launch_kwargs(q.device, options.pdl),
+        )
+    elif num_splits > 1:
         _combine_kernel[(num_tokens, num_heads)](
             out, po, pm, pl, num_tokens, out.stride(0), out.stride(1),
             NUM_HEADS=num_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,

@@ -7,6 +7,8 @@ attention backend; both carry one KernelOptions (core/options.py).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from verispec.core.options import DEFAULT_OPTIONS, KernelOptions
@@ -22,6 +24,11 @@ class Kernels:
         self.options = options
         self.linear, self.gemv, self.gate_up_silu = linear.linear, linear.gemv, linear.gate_up_silu
         self.gemv_max_rows = options.gemv_max_rows  # steps of at most this many rows: the one-row path
+        if options.batch_invariant:  # one kernel config per weight for every row count, no one-row path
+            from verispec.kernels import invariant
+
+            self.linear, self.gate_up_silu = invariant.linear, invariant.gate_up_silu
+            self.gemv_max_rows = 0
         self.rms_norm = fused.rms_norm
         self.qkv_rope_write_kv = qkv_rope.qkv_rope_write_kv
 
@@ -46,6 +53,14 @@ def enable_triton(model: torch.nn.Module, on: bool = True, attention: bool = Tru
             model.attn_backend = TritonBackend(options)
         else:
             model.attn_backend = ReferenceBackend()
+
+
+def use_batch_invariant(model: torch.nn.Module, on: bool) -> None:
+    """Switch a CUDA model onto the Triton kernels with KernelOptions.batch_invariant = on, keeping the
+    other options it already runs with (an A/B script's); nothing changes when it already runs so."""
+    current = options_of(model)
+    if not kernels_on(model) or current.batch_invariant != on:
+        enable_triton(model, options=dataclasses.replace(current, batch_invariant=on))
 
 
 def options_of(model: torch.nn.Module) -> KernelOptions:

@@ -236,7 +236,8 @@ class CudaGraphRunner(GraphRunner):
         dst = (self.input_ids, self.positions, self.slot_mapping, self.query_start_loc, self.seq_lens,
                self.block_tables)
         if self._stage_kernel is not None and all(x.is_cuda for x in src):
-            self._stage_kernel(src, dst, n, b, q, self.scratch_block, self.block_size, placeholders, self.options)
+            self._stage_kernel(src, dst, n, b, q, self.scratch_block, self.block_size, placeholders, self.options,
+                               writeback=not self.faults.active("graph_stage_no_writeback"))
             return
         if placeholders is not None:
             fill_placeholders(input_ids, placeholders)
