@@ -1,0 +1,64 @@
+"""A non-zero tensor-parallel rank's process: join the group, load and shard the model, build a runner
+over this rank's KV heads, then run each step rank 0 broadcasts until it says stop.
+
+It keeps no books and samples nothing: the scheduler, the verifier and the proposer live in rank 0's
+engine process. A failure here ends the process (its traceback on stderr), which rank 0 reports as a
+RankFailure; when rank 0 goes away, this rank's next collective fails and it exits too.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+from verispec.core.parallel import RankFailure
+from verispec.distributed.comm import TPComm
+from verispec.distributed.group import RankArgs, rank_device
+from verispec.distributed.shard import shard_model
+from verispec.loader.model_loader import DTYPES, load_model
+from verispec.worker.runner import ModelRunner
+from verispec.worker.step_message import OP_STOP
+
+
+def follower_main(args: RankArgs) -> None:
+    """The process entry point (torch.multiprocessing spawn target)."""
+    config, rank, n = args.config, args.rank, args.world_size
+    device = rank_device(config, rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    else:  # the ranks share the host's cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // n))
+    dist.init_process_group(args.backend, init_method=args.init_method, rank=rank, world_size=n,
+                            timeout=datetime.timedelta(seconds=config.distributed_timeout))
+    comm = TPComm(rank, n, device, config.distributed_timeout)
+    try:
+        serve_steps(config, comm, device)
+    except RankFailure as err:  # rank 0 went away or failed: nothing left to serve
+        print(f"verispec tensor-parallel rank {rank}: {err}", file=sys.stderr)
+        sys.exit(1)
+    finally:
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass
+
+
+@torch.inference_mode()
+def serve_steps(config, comm: TPComm, device: torch.device) -> None:
+    """Load, shard, set up (rank 0's KV block count and graph options), then follow steps until stop."""
+    dtype = DTYPES[config.dtype]
+    _, _, model = load_model(config.model, device, dtype, progress=False)
+    shard_model(model, comm)
+    setup = comm.broadcast_object()
+    runner = ModelRunner(model, setup["num_blocks"], config.block_size, device, dtype, config.seed,
+                         graph_options=setup["graph_options"], tp=comm)
+    comm.barrier_ok(True)
+    while True:
+        message = comm.recv_step()
+        if int(message[0]) == OP_STOP:
+            return
+        runner.follow(message)
