@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from verispec.core.parallel import RankFailure
-from verispec.worker.step_message import HEADER, OP_GROW, OP_STOP
+from verispec.worker.step_message import HEADER, OP_GROW, OP_SETUP, OP_STOP
 
 IDLE_TIMEOUT = datetime.timedelta(days=365)
 
@@ -95,11 +95,22 @@ class TPComm:
         self.buffer[:n].copy_(message)
         self._broadcast(self.buffer)
 
+    def _send_op(self, op: int) -> None:
+        message = torch.zeros(HEADER, dtype=torch.long)
+        message[0] = op
+        self.send_step(message.to(self.device))
+
     def send_stop(self) -> None:
         """Rank 0: tell the other ranks to leave their step loops."""
-        stop = torch.zeros(HEADER, dtype=torch.long)
-        stop[0] = OP_STOP
-        self.send_step(stop.to(self.device))
+        self._send_op(OP_STOP)
+
+    def send_setup(self, setup: dict) -> None:
+        """Rank 0: a new engine over the same shards: every rank builds its runner from `setup` (the KV
+        block count, the graph options); returns once all are ready (bounded by the timeout)."""
+        self._send_op(OP_SETUP)
+        self.broadcast_object(setup)
+        if not self.barrier_ok(True):
+            raise self._fail(RuntimeError("a rank failed to set up its runner"))
 
     def recv_step(self) -> torch.Tensor:
         """Other ranks: the next message (a view of the buffer, valid until the next recv_step)."""

@@ -21,7 +21,7 @@ from verispec.distributed.group import RankArgs, rank_device
 from verispec.distributed.shard import shard_model
 from verispec.loader.model_loader import DTYPES, load_model
 from verispec.worker.runner import ModelRunner
-from verispec.worker.step_message import OP_STOP
+from verispec.worker.step_message import OP_SETUP, OP_STOP
 
 
 def follower_main(args: RankArgs) -> None:
@@ -49,16 +49,22 @@ def follower_main(args: RankArgs) -> None:
 
 @torch.inference_mode()
 def serve_steps(config, comm: TPComm, device: torch.device) -> None:
-    """Load, shard, set up (rank 0's KV block count and graph options), then follow steps until stop."""
+    """Load and shard, then follow rank 0 until stop: a set-up (an engine built over the shards: rank
+    0's KV block count and graph options) builds this rank's runner, a step runs on it."""
     dtype = DTYPES[config.dtype]
     _, _, model = load_model(config.model, device, dtype, progress=False)
     shard_model(model, comm)
-    setup = comm.broadcast_object()
-    runner = ModelRunner(model, setup["num_blocks"], config.block_size, device, dtype, config.seed,
-                         graph_options=setup["graph_options"], tp=comm)
-    comm.barrier_ok(True)
+    runner = None
     while True:
         message = comm.recv_step()
-        if int(message[0]) == OP_STOP:
+        op = int(message[0])
+        if op == OP_STOP:
             return
-        runner.follow(message)
+        if op == OP_SETUP:
+            runner = None  # the previous engine's KV cache goes first
+            setup = comm.broadcast_object()
+            runner = ModelRunner(model, setup["num_blocks"], setup["block_size"], device, dtype,
+                                 graph_options=setup["graph_options"], tp=comm)
+            comm.barrier_ok(True)
+        else:
+            runner.follow(message)

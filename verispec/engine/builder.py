@@ -145,6 +145,9 @@ def assemble_parts(config: EngineConfig, tok, model: CausalLM, device, dtype, t0
     faults = Faults.from_env() if faults is None else faults
     t0 = time.monotonic() if t0 is None else t0
     cfg = model.config
+    if tp is not None and (config.tensor_parallel_size != tp.world_size or getattr(model, "tp", None) is not tp.comm):
+        raise ValueError(f"tp: a model sharded over this group and tensor_parallel_size={tp.world_size} are needed, "
+                         f"got tensor_parallel_size={config.tensor_parallel_size}")
     if config.max_model_len is not None and config.max_model_len > cfg.max_position_embeddings:
         raise ValueError(
             f"max_model_len {config.max_model_len} exceeds the model's context {cfg.max_position_embeddings}"
@@ -181,8 +184,7 @@ def assemble_parts(config: EngineConfig, tok, model: CausalLM, device, dtype, t0
     runner = ModelRunner(model, num_blocks, config.block_size, device, dtype, config.seed, capture,
                          config.spec_audit_rate, graph_options, faults, tp=tp.comm if tp is not None else None)
     if tp is not None:
-        tp.comm.broadcast_object(dict(num_blocks=num_blocks, graph_options=graph_options))
-        tp.comm.barrier_ok(True)
+        tp.comm.send_setup(dict(num_blocks=num_blocks, block_size=config.block_size, graph_options=graph_options))
     if proposer is not None:
         proposer.bind(num_blocks, config.block_size, max_model_len)
     if proposer is None or not config.speculative_config.adaptive:

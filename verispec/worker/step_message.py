@@ -16,7 +16,8 @@ import torch
 from verispec.core.attention_metadata import AttentionMetadata
 
 HEADER = 8  # int64 slots of every message's header
-OP_STEP, OP_GROW, OP_STOP = 1, 2, 3  # a step; the buffer grows to header[1] slots; leave the step loop
+# A step; the buffer grows to header[1] slots; leave the step loop; a new engine's set-up follows.
+OP_STEP, OP_GROW, OP_STOP, OP_SETUP = 1, 2, 3, 4
 
 
 class StepInputs(NamedTuple):
