@@ -1,0 +1,80 @@
+"""A hung tensor-parallel rank (SIGSTOP: alive, silent) ends the engine with a RankFailure once the
+collective timeout passes, never a hang; then a killed rank 0 takes its ranks with it. Slow (a group of
+its own, ~20 s): -m slow."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from verispec import SamplingParams
+from verispec.config import EngineConfig
+from verispec.core.parallel import RankFailure
+from verispec.engine.engine import LLMEngine
+
+QWEN05 = "qwen2.5-coder-0.5b-instruct"
+TIMEOUT = 6.0
+
+
+@pytest.mark.slow
+def test_hung_rank_fails_the_step_after_the_timeout(qwen05_path):
+    eng = LLMEngine(EngineConfig(model=QWEN05, device="cpu", dtype="float32", max_model_len=512,
+                                 num_gpu_blocks=64, gc_freeze=False, async_scheduling=False,
+                                 tensor_parallel_size=2, distributed_timeout=TIMEOUT))
+    proc = eng.parts.tp.procs[0]
+    try:
+        eng.add_request("a", "def f(x):", SamplingParams(temperature=0.0, max_tokens=2))
+        while eng.has_unfinished_requests():
+            eng.step()
+        os.kill(proc.pid, signal.SIGSTOP)
+        eng.add_request("b", "def g(x):", SamplingParams(temperature=0.0, max_tokens=2))
+        t0 = time.monotonic()
+        with pytest.raises(RankFailure, match=rf"did not answer within distributed_timeout={TIMEOUT:g}s"):
+            while eng.has_unfinished_requests():
+                eng.step()
+        assert TIMEOUT - 1 < time.monotonic() - t0 < TIMEOUT + 10
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        eng.shutdown()
+
+
+@pytest.mark.slow
+def test_ranks_exit_when_rank_0_is_killed(qwen05_path, tmp_path):
+    script = tmp_path / "tp_parent.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        from verispec.config import EngineConfig
+        from verispec.engine.engine import LLMEngine
+        if __name__ == "__main__":
+            eng = LLMEngine(EngineConfig(model="{QWEN05}", device="cpu", dtype="float32", max_model_len=512,
+                                         num_gpu_blocks=64, gc_freeze=False, tensor_parallel_size=2))
+            print(eng.parts.tp.procs[0].pid, flush=True)
+            time.sleep(600)
+    """))
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        child = int(parent.stdout.readline())
+        parent.kill()
+        parent.wait(10)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 30:
+            try:  # gone, or a zombie (it no longer runs)
+                with open(f"/proc/{child}/stat") as f:
+                    if f.read().split()[2] == "Z":
+                        break
+            except FileNotFoundError:
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(child, signal.SIGKILL)
+            raise AssertionError("rank 1 still runs 30 s after rank 0 was killed")
+    finally:
+        if parent.poll() is None:
+            parent.kill()
