@@ -21,14 +21,17 @@ PROMPTS = ["def fibonacci(n):", "import numpy as np\n\ndef softmax(x):", "class 
            "Explain what a mutex is in one paragraph."]
 
 
-def run(llm: LLM, prompts: list[str], max_tokens: int) -> tuple[list[list[int]], list[list[float]], float]:
-    sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=1)
+def run(llm: LLM, prompts: list[str], max_tokens: int):
+    """Greedy ids, the chosen tokens' logprobs, each step's top-1 - top-2 margin, seconds."""
+    sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=2)
     t0 = time.perf_counter()
     outs = llm.generate(prompts, sp, use_tqdm=False)
     secs = time.perf_counter() - t0
     ids = [o.outputs[0].token_ids for o in outs]
     lps = [[lp[t] for lp, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids, strict=True)] for o in outs]
-    return ids, lps, secs
+    margins = [[(lambda v: v[0] - v[1])(sorted(lp.values(), reverse=True)) for lp in o.outputs[0].logprobs]
+               for o in outs]
+    return ids, lps, margins, secs
 
 
 def profile_collectives(llm: LLM, steps: int = 20) -> None:
@@ -71,12 +74,12 @@ def main() -> None:
     prompts = [PROMPTS[i % len(PROMPTS)] + f"  # {i}" for i in range(a.num_prompts)]
     kw = dict(device=a.device, dtype=a.dtype, max_model_len=1024, enforce_eager=a.enforce_eager)
     ref = LLM(a.model, **kw)
-    want, want_lp, secs1 = run(ref, prompts, a.max_tokens)
+    want, want_lp, margins, secs1 = run(ref, prompts, a.max_tokens)
     cfg = dataclasses.replace(ref.config)
     del ref
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
     llm = LLM(a.model, tensor_parallel_size=a.tp, **kw)
-    got, got_lp, secs = run(llm, prompts, a.max_tokens)
+    got, got_lp, _, secs = run(llm, prompts, a.max_tokens)
     same_seq = sum(g == w for g, w in zip(got, want, strict=True))
     firsts = [next((i for i, (x, y) in enumerate(zip(g, w, strict=True)) if x != y), None)
               for g, w in zip(got, want, strict=True)]
@@ -87,7 +90,8 @@ def main() -> None:
     print(f"{cfg.model} {cfg.dtype} TP={a.tp} vs TP=1, {a.num_prompts} prompts x {a.max_tokens} greedy tokens: "
           f"{same_seq}/{a.num_prompts} sequences identical, {same_tok}/{total} tokens before the first divergence "
           f"({100 * same_tok / total:.1f}%); first divergences at {sorted(f for f in firsts if f is not None)[:16]}; "
-          f"max |logprob gap| before divergence {max(gaps, default=0.0):.2e}; "
+          f"max |logprob gap| before divergence {max(gaps, default=0.0):.2e}; smallest TP=1 top-1 - top-2 "
+          f"margin {min(min(m) for m in margins):.2e}; "
           f"generate {secs1:.2f}s (TP=1) vs {secs:.2f}s (TP={a.tp})")
     if a.profile and torch.cuda.is_available():
         profile_collectives(llm)
