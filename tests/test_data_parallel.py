@@ -76,9 +76,9 @@ def test_replica_configs_split_devices_and_refuse_missing_gpus():
         replica_configs(EngineConfig(model="m", device="cuda", data_parallel_size=64))
 
 
-def _engines(n: int):
-    model = text_model()  # one copy of the weights, a KV cache per replica
-    return [tiny_engine(model, max_num_seqs=32) for _ in range(n)]
+def _engines(n: int, model=None):
+    model = model or text_model()  # one copy of the weights, a KV cache per replica
+    return [tiny_engine(model, max_num_seqs=32, max_model_len=1024) for _ in range(n)]
 
 
 async def _clients(url: str) -> list[str]:
@@ -96,6 +96,7 @@ async def _clients(url: str) -> list[str]:
 
 
 def _serve(engines) -> tuple[list[str], dict, str]:
+    """64 concurrent clients against a server over `engines` (a list: data-parallel replicas)."""
     srv = ServerThread(engines if len(engines) > 1 else engines[0]).start()
     try:
         texts = asyncio.run(_clients(srv.url))
@@ -123,3 +124,13 @@ def test_dp2_serves_64_concurrent_clients_like_dp1():
     # /metrics is the replicas' sum: every output token of the 64 requests, counted once.
     assert two["snapshot"]["generation_tokens"] == one["snapshot"]["generation_tokens"]
     assert _counter(metrics, "verispec:generation_tokens_total") == one["snapshot"]["generation_tokens"]
+
+
+@pytest.mark.slow
+def test_dp2_on_the_real_05b_serves_64_clients_like_dp1(llm05):
+    model = llm05.engine.parts.model
+    want, one, _ = _serve(_engines(1, model))
+    got, two, _ = _serve(_engines(2, model))
+    assert got == want and all(want)
+    assert min(two["routed"]) >= NUM_CLIENTS // 4, two["routed"]
+    assert two["snapshot"]["generation_tokens"] == one["snapshot"]["generation_tokens"]
