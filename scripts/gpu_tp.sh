@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Tensor and data parallelism on two H200s (nvidia-h200-x2): TP=2 vs TP=1 for the 1.5B (batch-1 latency,
 # throughput at 64 and 256 sequences, bf16 greedy agreement, NCCL time per decode step), DP=2 vs DP=1
-# served throughput. Budget: about 25 min in all; every command is capped at 7.5 min (timeout 450).
+# served throughput. Budget: about 25 min in all (expected ~15); every command is capped at 7.5 min (timeout 450).
 #
 # usage (repo root):
 #   PYTHONPATH=/tmp/site:$PWD VERISPEC_CACHE_DIR=/tmp/vcache scripts/gpu_tp.sh [/tmp/models/qwen2.5-coder-1.5b-instruct.gguf]
-#   scripts/gpu_tp.sh --device cpu     # dry run on the CPU: the 0.5B, tiny sizes, every command once (~5 min)
+#   scripts/gpu_tp.sh --device cpu     # dry run on the CPU: the 0.5B, tiny sizes, every command once
+#                                      # (7 min on a loaded 2-core machine; every rc=0 there on 2026-12-01)
 # env: OUT (default /tmp/tp), PORT (default 8123)
 # NCCL_NVLS_ENABLE is inherited as set on the machine (0); this script never sets it.
 set -uo pipefail

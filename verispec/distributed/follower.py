@@ -9,6 +9,7 @@ RankFailure; when rank 0 goes away, this rank's next collective fails and it exi
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import sys
 
@@ -61,7 +62,10 @@ def serve_steps(config, comm: TPComm, device: torch.device) -> None:
         if op == OP_STOP:
             return
         if op == OP_SETUP:
-            runner = None  # the previous engine's KV cache goes first
+            runner = None  # the previous engine's KV cache and graphs go first
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
             setup = comm.broadcast_object()
             runner = ModelRunner(model, setup["num_blocks"], setup["block_size"], device, dtype,
                                  graph_options=setup["graph_options"], tp=comm)
