@@ -78,3 +78,26 @@ def test_ranks_exit_when_rank_0_is_killed(qwen05_path, tmp_path):
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+@pytest.mark.slow
+def test_rank_killed_in_the_middle_of_a_generate(qwen05_path):
+    """Killed while the steps run (its collectives in flight): the next collective fails at once."""
+    import threading
+
+    eng = LLMEngine(EngineConfig(model=QWEN05, device="cpu", dtype="float32", max_model_len=512,
+                                 num_gpu_blocks=64, gc_freeze=False, tensor_parallel_size=2,
+                                 distributed_timeout=120.0))
+    proc = eng.parts.tp.procs[0]
+    try:
+        for i in range(4):
+            eng.add_request(f"r{i}", "def f(x):", SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True))
+        eng.step()
+        threading.Timer(1.0, os.kill, (proc.pid, signal.SIGKILL)).start()
+        t0 = time.monotonic()
+        with pytest.raises(RankFailure, match=r"tensor-parallel rank 1 \(pid \d+\) was killed by signal 9"):
+            while eng.has_unfinished_requests():
+                eng.step()
+        assert time.monotonic() - t0 < 20  # the kill at 1 s, then one failed collective (not the 120 s timeout)
+    finally:
+        eng.shutdown()

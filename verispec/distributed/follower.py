@@ -12,17 +12,37 @@ import datetime
 import gc
 import os
 import sys
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from verispec.config import EngineConfig
 from verispec.core.parallel import RankFailure
 from verispec.distributed.comm import TPComm
-from verispec.distributed.group import RankArgs, rank_device
 from verispec.distributed.shard import shard_model
 from verispec.loader.model_loader import DTYPES, load_model
 from verispec.worker.runner import ModelRunner
 from verispec.worker.step_message import OP_SETUP, OP_STOP
+
+
+@dataclass(frozen=True)
+class RankArgs:
+    """What a non-zero rank's process is started with (picklable)."""
+
+    config: EngineConfig
+    rank: int
+    world_size: int
+    init_method: str
+    backend: str
+
+
+def rank_device(config: EngineConfig, rank: int) -> torch.device:
+    """Rank r's device: cuda:(base + r) on CUDA (base: the configured index, default 0), else the CPU."""
+    if not config.device.startswith("cuda"):
+        return torch.device("cpu")
+    base = int(config.device.split(":")[1]) if ":" in config.device else 0
+    return torch.device("cuda", base + rank)
 
 
 def follower_main(args: RankArgs) -> None:
@@ -49,7 +69,7 @@ def follower_main(args: RankArgs) -> None:
 
 
 @torch.inference_mode()
-def serve_steps(config, comm: TPComm, device: torch.device) -> None:
+def serve_steps(config: EngineConfig, comm: TPComm, device: torch.device) -> None:
     """Load and shard, then follow rank 0 until stop: a set-up (an engine built over the shards: rank
     0's KV block count and graph options) builds this rank's runner, a step runs on it."""
     dtype = DTYPES[config.dtype]

@@ -18,7 +18,6 @@ import shutil
 import tempfile
 import time
 import weakref
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -27,27 +26,9 @@ import torch.multiprocessing as mp
 from verispec.config import EngineConfig
 from verispec.core.parallel import RankFailure
 from verispec.distributed.comm import TPComm
+from verispec.distributed.follower import RankArgs, follower_main, rank_device
 
 log = logging.getLogger("verispec")
-
-
-@dataclass(frozen=True)
-class RankArgs:
-    """What a non-zero rank's process is started with (picklable)."""
-
-    config: EngineConfig
-    rank: int
-    world_size: int
-    init_method: str
-    backend: str
-
-
-def rank_device(config: EngineConfig, rank: int) -> torch.device:
-    """Rank r's device: cuda:(base + r) on CUDA (base: the configured index, default 0), else the CPU."""
-    if not config.device.startswith("cuda"):
-        return torch.device("cpu")
-    base = int(config.device.split(":")[1]) if ":" in config.device else 0
-    return torch.device("cuda", base + rank)
 
 
 def _exit_text(code: int) -> str:
@@ -73,8 +54,6 @@ class TensorParallelGroup:
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         self._dir = tempfile.mkdtemp(prefix="verispec-tp-")
         init_method = f"file://{os.path.join(self._dir, 'store')}"
-        from verispec.distributed.follower import follower_main
-
         ctx = mp.get_context("spawn")
         self.procs = [ctx.Process(target=follower_main, args=(RankArgs(config, r, n, init_method, backend),),
                                   name=f"verispec-tp-rank{r}", daemon=True) for r in range(1, n)]

@@ -7,12 +7,12 @@ import gc
 import logging
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from verispec.config import EngineConfig, ModelConfig
 from verispec.core.faults import NO_FAULTS, Faults
-from verispec.distributed.group import TensorParallelGroup
 from verispec.engine.kv_blocks import BlockManager
 from verispec.loader.model_loader import DTYPES, kv_bytes_per_block, load_model, resolve_device_dtype
 from verispec.loader.tokenizer import Tokenizer
@@ -20,6 +20,9 @@ from verispec.models.qwen2 import CausalLM
 from verispec.spec_decode.cost import StepCost
 from verispec.spec_decode.proposer import Proposer
 from verispec.worker.runner import ModelRunner
+
+if TYPE_CHECKING:
+    from verispec.distributed.group import TensorParallelGroup
 
 log = logging.getLogger("verispec")
 
@@ -120,6 +123,7 @@ def check_tensor_parallel_config(config: EngineConfig) -> None:
 
 
 def _build_tensor_parallel(config: EngineConfig, faults: Faults, device, dtype, t0: float) -> EngineParts:
+    from verispec.distributed.group import TensorParallelGroup  # (torch.distributed only when TP runs)
     from verispec.distributed.shard import shard_model
 
     check_tensor_parallel_config(config)
