@@ -140,6 +140,7 @@ class AsyncEngine:
     # ---- the engine thread ------------------------------------------------------------------
     def _run(self) -> None:
         eng = self.engine
+        _bind_device(eng)
         while True:
             with self._cond:
                 while not self._cmds and not self._stopping and not eng.has_unfinished_requests():
@@ -246,6 +247,16 @@ class AsyncEngine:
             loop.call_soon_threadsafe(_put_in_order, items)
         except RuntimeError:  # the event loop is closed: nobody is listening any more
             pass
+
+
+def _bind_device(engine) -> None:
+    """Make the engine's GPU this thread's current CUDA device: the current device is per thread, and the
+    engine's events, graph captures and Triton launches use it (data-parallel replica i runs on cuda:i)."""
+    device = getattr(getattr(engine, "config", None), "device", "cpu")
+    if isinstance(device, str) and device.startswith("cuda"):
+        import torch
+
+        torch.cuda.set_device(device)
 
 
 def _put_in_order(items: list[tuple[asyncio.Queue, object]]) -> None:

@@ -303,6 +303,17 @@ def replica_configs(config) -> list:
     return [dataclasses.replace(config, data_parallel_size=1, device=f"cuda:{base + i}") for i in range(n)]
 
 
+def build_replica(llm_class, config):
+    """One replica's engine, built with its GPU as this thread's current CUDA device (events, graph
+    captures and Triton launches at start-up use the current device)."""
+    if config.device.startswith("cuda:"):
+        import torch
+
+        with torch.cuda.device(config.device):
+            return llm_class(**config.as_kwargs()).engine
+    return llm_class(**config.as_kwargs()).engine
+
+
 def main(args) -> int:
     """`verispec serve`: load the model, then serve until SIGINT/SIGTERM."""
     from verispec.entrypoints.args import engine_config_from_args
@@ -317,7 +328,7 @@ def main(args) -> int:
         handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))  # uvicorn's look
         log.addHandler(handler)
         log.setLevel(logging.INFO)
-    engines = [LLM(**c.as_kwargs()).engine for c in replica_configs(config)]
+    engines = [build_replica(LLM, c) for c in replica_configs(config)]
     name = args.served_model_name or config.model
     app = build_app(engines, name, api_key=args.api_key, max_queue=args.max_queue,
                     max_body_bytes=args.max_request_bytes)
