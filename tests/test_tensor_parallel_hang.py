@@ -101,3 +101,18 @@ def test_rank_killed_in_the_middle_of_a_generate(qwen05_path):
         assert time.monotonic() - t0 < 20  # the kill at 1 s, then one failed collective (not the 120 s timeout)
     finally:
         eng.shutdown()
+
+
+@pytest.mark.slow
+def test_a_script_without_the_main_guard_fails_fast_and_says_why(qwen05_path, tmp_path):
+    """spawn re-runs an unguarded script in the rank process, which dies there: rank 0 says so at once
+    (not after distributed_timeout)."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(f'from verispec import LLM\nLLM("{QWEN05}", device="cpu", tensor_parallel_size=2, '
+                      'max_model_len=512, gc_freeze=False)\n')
+    t0 = time.monotonic()
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert res.returncode != 0
+    assert "exited with code 1 before joining the group" in res.stderr and "__main__" in res.stderr, res.stderr[-2000:]
+    assert time.monotonic() - t0 < 60

@@ -33,7 +33,7 @@ class RankArgs:
     config: EngineConfig
     rank: int
     world_size: int
-    init_method: str
+    store_path: str  # rank 0's FileStore
     backend: str
 
 
@@ -53,7 +53,9 @@ def follower_main(args: RankArgs) -> None:
         torch.cuda.set_device(device)
     else:  # the ranks share the host's cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // n))
-    dist.init_process_group(args.backend, init_method=args.init_method, rank=rank, world_size=n,
+    store = dist.FileStore(args.store_path, n)
+    store.set(f"joined{rank}", "1")  # rank 0 waits for this, watching that this process lives
+    dist.init_process_group(args.backend, store=store, rank=rank, world_size=n,
                             timeout=datetime.timedelta(seconds=config.distributed_timeout))
     comm = TPComm(rank, n, device, config.distributed_timeout)
     try:

@@ -53,9 +53,10 @@ class TensorParallelGroup:
                              f"this machine has {torch.cuda.device_count()}")
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         self._dir = tempfile.mkdtemp(prefix="verispec-tp-")
-        init_method = f"file://{os.path.join(self._dir, 'store')}"
+        store_path = os.path.join(self._dir, "store")
+        store = dist.FileStore(store_path, n)
         ctx = mp.get_context("spawn")
-        self.procs = [ctx.Process(target=follower_main, args=(RankArgs(config, r, n, init_method, backend),),
+        self.procs = [ctx.Process(target=follower_main, args=(RankArgs(config, r, n, store_path, backend),),
                                   name=f"verispec-tp-rank{r}", daemon=True) for r in range(1, n)]
         for p in self.procs:
             p.start()
@@ -65,22 +66,47 @@ class TensorParallelGroup:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         try:
-            dist.init_process_group(backend, init_method=init_method, rank=0, world_size=n,
+            self._wait_for_ranks(store, n)
+            dist.init_process_group(backend, store=store, rank=0, world_size=n,
                                     timeout=datetime.timedelta(seconds=self.timeout))
             self.comm = TPComm(0, n, self.device, self.timeout, on_error=self.describe_failure,
                                precheck=self.check_alive)
         except Exception as err:
-            why = self.describe_failure(err)
+            why = err.args[0] if isinstance(err, RankFailure) else self.describe_failure(err)
             self.shutdown()
             raise RankFailure(why) from err
         log.info("tensor parallel: %d ranks (%s) joined in %.1fs", n, backend, time.monotonic() - t0)
 
-    def check_alive(self) -> str | None:
-        """None while every rank process runs, else what became of the first one that does not."""
+    def _wait_for_ranks(self, store, n: int) -> None:
+        """Until every rank process has reached the store (it sets joined<r>), checking twice a second that
+        none has died on the way (an import error; a script without the __main__ guard, which spawn
+        re-runs), and at most distributed_timeout seconds."""
+        keys = [f"joined{r}" for r in range(1, n)]
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                store.wait(keys, datetime.timedelta(seconds=0.5))
+                return
+            except Exception:  # the wait timed out (DistStoreError, RuntimeError on older torch)
+                dead = self._first_dead()
+                if dead is not None:
+                    raise RankFailure(f"{dead} before joining the group (its traceback is above; a script that "
+                                      "builds a tensor-parallel engine needs the if __name__ == '__main__': guard)"
+                                      ) from None
+                if time.monotonic() > deadline:
+                    raise RankFailure(f"the tensor-parallel ranks did not start within distributed_timeout="
+                                      f"{self.timeout:g}s") from None
+
+    def _first_dead(self) -> str | None:
         for r, p in enumerate(self.procs, start=1):
             if p.exitcode is not None:
-                return f"tensor-parallel rank {r} (pid {p.pid}) {_exit_text(p.exitcode)}; the engine cannot go on"
+                return f"tensor-parallel rank {r} (pid {p.pid}) {_exit_text(p.exitcode)}"
         return None
+
+    def check_alive(self) -> str | None:
+        """None while every rank process runs, else what became of the first one that does not."""
+        dead = self._first_dead()
+        return None if dead is None else f"{dead}; the engine cannot go on"
 
     def describe_failure(self, err: BaseException) -> str:
         """Why a collective failed, for the RankFailure: a rank that ended (given a moment to be
