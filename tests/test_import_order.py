@@ -19,6 +19,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("verispec.train",),
     ("verispec.entrypoints",),
     ("verispec.engine",),
+    ("verispec.distributed",),
     ("verispec.spec_decode",),
     ("verispec.worker",),
     ("verispec.loader",),

@@ -268,10 +268,16 @@ class EngineConfig(_Checked):
         None, "gguf: keep GGUF blocks as stored; none: dequantize at load (None: the engine's default, none; "
               "only none is implemented yet)", choices=(None, "gguf", "none"),
         supported=(None, "none"))
-    tensor_parallel_size: int = option(1, "ranks over torch.distributed (only 1 is implemented yet)",
-                                       **_at_least(1), supported=(1,))
-    data_parallel_size: int = option(1, "engine replicas (only 1 is implemented yet)", **_at_least(1),
-                                     supported=(1,))
+    tensor_parallel_size: int = option(
+        1, "ranks the target is sharded over (Megatron-style, one process per rank, torch.distributed: NCCL on "
+           "CUDA, gloo on CPU); must divide the model's attention and KV heads", **_at_least(1))
+    data_parallel_size: int = option(
+        1, "engine replicas behind one server (verispec serve; requests go to the replica with the fewest in "
+           "flight); replica i runs on cuda:i on CUDA", **_at_least(1), commands=("serve",))
+    distributed_timeout: float = option(
+        120.0, "seconds a tensor-parallel collective waits for a rank before the engine fails (a dead or hung "
+               "rank ends the engine with RankFailure instead of a hang)", check=lambda v: v > 0,
+        must="a number > 0")
     batch_invariant: bool | None = option(
         None, "True (CUDA only): a request's tokens never depend on the batch, on speculation or on chunking: "
               "every linear layer, attention split and reduction in one fixed order whatever the step's shape "

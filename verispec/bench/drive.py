@@ -41,7 +41,7 @@ def make_engine(bm: BenchModel, spec: dict | None, max_num_seqs: int, prompt_ids
         num_gpu_blocks=blocks, enable_prefix_caching=False, speculative_config=spec_cfg,
         graph_capture="all",  # no capture in timed runs
     )
-    parts = assemble_parts(cfg, bm.tokenizer, bm.model, bm.device, bm.dtype, draft_model=draft)
+    parts = assemble_parts(cfg, bm.tokenizer, bm.model, bm.device, bm.dtype, draft_model=draft, tp=bm.tp)
     return LLMEngine(cfg, parts)
 
 

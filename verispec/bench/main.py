@@ -184,7 +184,10 @@ def run(args) -> dict:
     from verispec.bench import hardware, peers, report
     from verispec.bench.models import load_bench_model, load_draft
 
-    bm = load_bench_model(_setup(args))
+    setup = _setup(args)
+    if setup.engine.tensor_parallel_size > 1 and args.peer:
+        raise ValueError("--peer compares an unsharded model: run it without --tensor-parallel-size")
+    bm = load_bench_model(setup)
     compile_peer = not args.no_compile
     if args.bench_kind == "latency":
         from verispec.bench.latency import COLUMNS, PEER_COLUMNS, run_latency

@@ -81,6 +81,9 @@ class BenchModel:
     load_seconds: float
     has_tokenizer: bool = True
     elem_bytes: int = field(init=False)
+    # tensor_parallel_size > 1: the rank processes `model` (rank 0's shard) was sharded with; every engine
+    # of the run is assembled over them (drive.make_engine).
+    tp: object = None
 
     def __post_init__(self) -> None:
         self.elem_bytes = torch.tensor([], dtype=self.dtype).element_size()
@@ -158,6 +161,8 @@ def load_bench_model(setup: BenchSetup) -> BenchModel:
     t0 = time.perf_counter()
     name = setup.model
     device, dtype = resolve_device_dtype(setup.engine.device, setup.engine.dtype)
+    if setup.engine.tensor_parallel_size > 1:
+        return _load_tensor_parallel(setup, device, dtype, t0)
     if not setup.random_weights:
         tok, cfg, model = load_model(str(local_gguf(name) or name), device, dtype)
         return BenchModel(setup, tok, cfg, model, device, dtype, time.perf_counter() - t0)
@@ -169,6 +174,28 @@ def load_bench_model(setup: BenchSetup) -> BenchModel:
     else:
         tok, has = TokenIdTokenizer(cfg.vocab_size), False
     return BenchModel(setup, tok, cfg, model, device, dtype, time.perf_counter() - t0, has)
+
+
+def _load_tensor_parallel(setup: BenchSetup, device: torch.device, dtype: torch.dtype, t0: float) -> BenchModel:
+    """The target sharded over tensor_parallel_size rank processes (real weights only: the other ranks
+    load the same file)."""
+    from verispec.distributed.group import TensorParallelGroup
+    from verispec.distributed.shard import shard_model
+    from verispec.engine.builder import check_tensor_parallel_config
+
+    if setup.random_weights:
+        raise ValueError("--tensor-parallel-size > 1 runs real weights only (every rank loads the model file); "
+                         "drop --random-weights")
+    config = dataclasses.replace(setup.engine, model=str(local_gguf(setup.model) or setup.model))
+    check_tensor_parallel_config(config)
+    group = TensorParallelGroup(config)
+    try:
+        tok, cfg, model = load_model(config.model, device, dtype)
+        shard_model(model, group.comm)
+    except BaseException:
+        group.shutdown()
+        raise
+    return BenchModel(setup, tok, cfg, model, device, dtype, time.perf_counter() - t0, tp=group)
 
 
 def load_draft(bm: BenchModel, name: str, overrides: dict | None = None) -> tuple:

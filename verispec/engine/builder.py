@@ -7,6 +7,7 @@ import gc
 import logging
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,6 +20,9 @@ from verispec.models.qwen2 import CausalLM
 from verispec.spec_decode.cost import StepCost
 from verispec.spec_decode.proposer import Proposer
 from verispec.worker.runner import ModelRunner
+
+if TYPE_CHECKING:
+    from verispec.distributed.group import TensorParallelGroup
 
 log = logging.getLogger("verispec")
 
@@ -35,6 +39,8 @@ class EngineParts:
     faults: Faults = NO_FAULTS
     # What a step costs, for adaptive speculation (None: no speculation, or adaptive off).
     step_cost: StepCost | None = None
+    # Tensor parallelism: the rank processes and their collectives (None: one device).
+    tp: TensorParallelGroup | None = None
 
 
 def verify_query_lens(k: int, adaptive: bool) -> tuple[int, ...]:
@@ -92,23 +98,68 @@ def freeze_gc() -> float:
 
 
 def build_engine_parts(config: EngineConfig, faults: Faults = NO_FAULTS) -> EngineParts:
-    """Load the model named in config and assemble everything around it."""
+    """Load the model named in config and assemble everything around it (tensor_parallel_size > 1: rank
+    0's shard here, after starting the other ranks)."""
     t0 = time.monotonic()
     device, dtype = resolve_device_dtype(config.device, config.dtype)
+    if config.tensor_parallel_size > 1:
+        return _build_tensor_parallel(config, faults, device, dtype, t0)
     tok, cfg, model = load_model(config.model, device, dtype)
     return assemble_parts(config, tok, model, device, dtype, t0, faults)
 
 
+# Speculative methods that run with tensor parallelism: the drafter runs on rank 0 only, unsharded
+# ("self" and dflash run or read the sharded target itself: not wired yet).
+TP_METHODS = ("ngram", "draft_model")
+
+
+def check_tensor_parallel_config(config: EngineConfig) -> None:
+    """ValueError for what tensor_parallel_size > 1 does not run, before anything loads: a speculative
+    method outside TP_METHODS, data parallelism on top, and a model whose heads (or KV heads, or MLP
+    width) the size does not divide (its config is read, not its weights)."""
+    from verispec.distributed.shard import check_tensor_parallel
+    from verispec.loader.model_loader import read_config
+
+    n = config.tensor_parallel_size
+    spec = config.speculative_config
+    if spec is not None and spec.method not in TP_METHODS:
+        raise ValueError(f"tensor_parallel_size={n} runs speculative methods {' and '.join(TP_METHODS)}, "
+                         f"not {spec.method!r}")
+    if config.data_parallel_size > 1:
+        raise ValueError("tensor_parallel_size > 1 with data_parallel_size > 1 is not supported yet")
+    check_tensor_parallel(read_config(config.model), n)
+
+
+def _build_tensor_parallel(config: EngineConfig, faults: Faults, device, dtype, t0: float) -> EngineParts:
+    from verispec.distributed.group import TensorParallelGroup  # (torch.distributed only when TP runs)
+    from verispec.distributed.shard import shard_model
+
+    check_tensor_parallel_config(config)
+    group = TensorParallelGroup(config)
+    try:
+        tok, cfg, model = load_model(config.model, device, dtype)
+        shard_model(model, group.comm)
+        return assemble_parts(config, tok, model, device, dtype, t0, faults, tp=group)
+    except BaseException:
+        group.shutdown()
+        raise
+
+
 def assemble_parts(config: EngineConfig, tok, model: CausalLM, device, dtype, t0: float | None = None,
                    faults: Faults | None = None, draft_model: tuple | None = None,
-                   step_cost: StepCost | None = None) -> EngineParts:
+                   step_cost: StepCost | None = None, tp: TensorParallelGroup | None = None) -> EngineParts:
     """KV blocks, runner and proposer around an already built model (tests and benches pass theirs).
     faults None: read from the environment now (Faults.from_env). draft_model: the (tokenizer, ModelConfig,
     CausalLM) a draft_model speculative_config drafts with, instead of loading its `model`. step_cost:
-    the cost model of adaptive speculation (None: measured / analytic, spec_decode/measure.py)."""
+    the cost model of adaptive speculation (None: measured / analytic, spec_decode/measure.py). tp: the
+    tensor-parallel group `model` was sharded over (rank 0's part; the other ranks get the KV block
+    count and graph options from here, and start-up waits until they are ready)."""
     faults = Faults.from_env() if faults is None else faults
     t0 = time.monotonic() if t0 is None else t0
     cfg = model.config
+    if tp is not None and (config.tensor_parallel_size != tp.world_size or getattr(model, "tp", None) is not tp.comm):
+        raise ValueError(f"tp: a model sharded over this group and tensor_parallel_size={tp.world_size} are needed, "
+                         f"got tensor_parallel_size={config.tensor_parallel_size}")
     if config.max_model_len is not None and config.max_model_len > cfg.max_position_embeddings:
         raise ValueError(
             f"max_model_len {config.max_model_len} exceeds the model's context {cfg.max_position_embeddings}"
@@ -126,7 +177,8 @@ def assemble_parts(config: EngineConfig, tok, model: CausalLM, device, dtype, t0
                                                draft_loader=draft_loader)
     if proposer is not None:
         proposer.faults = faults
-    per_block = kv_bytes_per_block(cfg, config.block_size, dtype) + draft_per_block
+    # (With TP each rank holds 1/N of the target's KV heads; rank 0 also the drafter's cache.)
+    per_block = kv_bytes_per_block(cfg, config.block_size, dtype) // (tp.world_size if tp else 1) + draft_per_block
     num_blocks = size_kv_blocks(config, per_block, device, max_model_len)
     use_graphs = device.type == "cuda" and not config.enforce_eager
     # With CUDA graphs the cache's last block is reserved as the graphs' scratch block.
@@ -142,10 +194,14 @@ def assemble_parts(config: EngineConfig, tok, model: CausalLM, device, dtype, t0
         query_lens = (1,) if spec is None else verify_query_lens(spec.num_speculative_tokens, spec.adaptive)
         graph_options = dict(
             max_batch=min(config.max_num_seqs, 256), query_lens=query_lens,
-            max_blocks_per_seq=-(-max_model_len // config.block_size), lazy=config.graph_capture == "lazy",
+            max_blocks_per_seq=-(-max_model_len // config.block_size),
+            # With TP every rank captures a shape at the same step (its collectives are in the graph).
+            lazy=config.graph_capture == "lazy" or tp is not None,
         )
     runner = ModelRunner(model, num_blocks, config.block_size, device, dtype, config.seed, capture,
-                         config.spec_audit_rate, graph_options, faults)
+                         config.spec_audit_rate, graph_options, faults, tp=tp.comm if tp is not None else None)
+    if tp is not None:
+        tp.comm.send_setup(dict(num_blocks=num_blocks, block_size=config.block_size, graph_options=graph_options))
     if proposer is not None:
         proposer.bind(num_blocks, config.block_size, max_model_len)
     if proposer is None or not config.speculative_config.adaptive:
@@ -153,7 +209,8 @@ def assemble_parts(config: EngineConfig, tok, model: CausalLM, device, dtype, t0
     elif step_cost is None:
         from verispec.spec_decode.measure import build_step_cost
 
-        step_cost = build_step_cost(model, proposer, runner, device)
+        # (With TP analytic: timing the target's graphs would run rank 0 alone.)
+        step_cost = build_step_cost(model, proposer, runner, device, measure=False if tp is not None else None)
     secs = time.monotonic() - t0
     log.info("engine ready in %.1fs: %d KV blocks of %d tokens", secs, num_blocks, config.block_size)
-    return EngineParts(tok, cfg, model, max_model_len, blocks, runner, proposer, secs, faults, step_cost)
+    return EngineParts(tok, cfg, model, max_model_len, blocks, runner, proposer, secs, faults, step_cost, tp)

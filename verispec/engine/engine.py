@@ -77,6 +77,9 @@ class LLMEngine:
         Pre-built parts carry their own (assemble_parts(..., faults=)). self.config is `config` resolved
         (builder.resolve_config: no 'auto' device or dtype, async_scheduling True or False)."""
         self.config = config = resolve_config(config)
+        if config.data_parallel_size > 1:
+            raise ValueError(f"data_parallel_size={config.data_parallel_size} is a server option (verispec serve "
+                             "--data-parallel-size N runs N engines); one LLMEngine is one replica")
         p = parts or build_engine_parts(config, faults or Faults.from_env())
         self.faults = p.faults
         self.parts = p
@@ -505,6 +508,11 @@ class LLMEngine:
         )
 
     # ---- metrics ---------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel rank processes, if any (idempotent; the engine cannot step after)."""
+        if self.parts.tp is not None:
+            self.parts.tp.shutdown()
+
     def get_metrics(self) -> dict:
         """Counters summed since the engine started (CONTRACT.md names, plus a few more)."""
         sp = self.spec

@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+from verispec.core.parallel import RankFailure
 from verispec.outputs import RequestOutput
 from verispec.sampling_params import SamplingParams
 
@@ -60,6 +61,7 @@ class AsyncEngine:
         self.num_pending_adds = 0
         self.num_engine_errors = 0
         self.num_aborted = 0
+        self.dead: str | None = None  # why the engine stopped for good (a RankFailure), else None
 
     # ---- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
@@ -127,7 +129,8 @@ class AsyncEngine:
     def _submit(self, cmd: tuple) -> None:
         with self._cond:
             if self._stopping and cmd[0] == "add":
-                _settle(cmd[-1], EngineDeadError("the server is shutting down"))
+                why = f"engine stopped: {self.dead}" if self.dead else "the server is shutting down"
+                _settle(cmd[-1], EngineDeadError(why))
                 return
             if cmd[0] == "add":
                 self.num_pending_adds += 1
@@ -137,6 +140,7 @@ class AsyncEngine:
     # ---- the engine thread ------------------------------------------------------------------
     def _run(self) -> None:
         eng = self.engine
+        _bind_device(eng)
         while True:
             with self._cond:
                 while not self._cmds and not self._stopping and not eng.has_unfinished_requests():
@@ -153,6 +157,14 @@ class AsyncEngine:
                 continue
             try:
                 outputs = eng.step()
+            except RankFailure as e:  # a tensor-parallel rank is gone: this engine cannot step again
+                log.error("engine stopped: %s", e)
+                self.num_engine_errors += 1
+                self.dead = str(e)
+                with self._cond:
+                    self._stopping = True  # later adds fail at once (EngineDeadError), /health says 503
+                self._fail_all(EngineDeadError(f"engine stopped: {e}"), drain=True)
+                return
             except Exception as e:  # an engine bug: fail the requests in flight, keep serving
                 log.exception("engine step failed")
                 self.num_engine_errors += 1
@@ -235,6 +247,16 @@ class AsyncEngine:
             loop.call_soon_threadsafe(_put_in_order, items)
         except RuntimeError:  # the event loop is closed: nobody is listening any more
             pass
+
+
+def _bind_device(engine) -> None:
+    """Make the engine's GPU this thread's current CUDA device: the current device is per thread, and the
+    engine's events, graph captures and Triton launches use it (data-parallel replica i runs on cuda:i)."""
+    device = getattr(getattr(engine, "config", None), "device", "cpu")
+    if isinstance(device, str) and device.startswith("cuda"):
+        import torch
+
+        torch.cuda.set_device(device)
 
 
 def _put_in_order(items: list[tuple[asyncio.Queue, object]]) -> None:

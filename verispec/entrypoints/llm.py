@@ -101,6 +101,10 @@ class LLM:
         bar.close()
         return [done[i] for i in ids]
 
+    def shutdown(self) -> None:
+        """Stop the engine's tensor-parallel rank processes (they also stop when this process exits)."""
+        self.engine.shutdown()
+
     def get_metrics(self) -> dict:
         return self.engine.get_metrics()
 

@@ -31,6 +31,7 @@ from verispec.entrypoints.openai_protocol import (
     CompletionRequest,
     validation_message,
 )
+from verispec.entrypoints.replicas import ReplicaSet
 from verispec.entrypoints.server_metrics import ServerMetrics
 from verispec.entrypoints.serving import OpenAIServing
 
@@ -146,8 +147,11 @@ async def _until_disconnect(request: Request, work: Awaitable[dict]) -> dict | N
 
 def build_app(engine, served_model_name: str, api_key: str | None = None, max_queue: int = 1024,
               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
-    """An OpenAI-compatible app around `engine` (an LLMEngine). Its lifespan runs the engine thread."""
-    aengine = AsyncEngine(engine)
+    """An OpenAI-compatible app around `engine`: an LLMEngine, or a list of them (data-parallel
+    replicas, entrypoints/replicas.py). Its lifespan runs the engine threads."""
+    engines = list(engine) if isinstance(engine, list | tuple) else [engine]
+    engine = engines[0]
+    aengine = AsyncEngine(engine) if len(engines) == 1 else ReplicaSet([AsyncEngine(e) for e in engines])
     metrics = ServerMetrics(aengine, served_model_name)
     aengine.on_finish = metrics.observe_finished
     serving = OpenAIServing(aengine, served_model_name, max_queue)
@@ -250,7 +254,9 @@ def build_app(engine, served_model_name: str, api_key: str | None = None, max_qu
     async def health() -> JSONResponse:
         """200 while the engine thread is alive."""
         ok = aengine.is_alive
-        return JSONResponse({"status": "ok" if ok else "engine thread not running"}, status_code=200 if ok else 503)
+        dead = [r.dead for r in getattr(aengine, "replicas", [aengine]) if r.dead]
+        status = "ok" if ok else dead[0] if dead else "engine thread not running"
+        return JSONResponse({"status": status}, status_code=200 if ok else 503)
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
@@ -260,16 +266,52 @@ def build_app(engine, served_model_name: str, api_key: str | None = None, max_qu
     return app
 
 
-def startup_summary(engine, served_model_name: str) -> str:
+def startup_summary(engine, served_model_name: str, replicas: int = 1) -> str:
     """The one start-up line: what runs (model, device, dtype, context, KV cache, speculation)."""
     cfg = engine.config
     spec = cfg.speculative_config
     spec_text = "none" if spec is None else json.dumps(
         {k: v for k, v in dataclasses.asdict(spec).items() if v is not None}, separators=(",", ":"))
     kv = engine.blocks
+    parallel = (f", tensor_parallel_size {cfg.tensor_parallel_size}" if cfg.tensor_parallel_size > 1 else "") + (
+        f", {replicas} data-parallel replicas" if replicas > 1 else "")
     return (f"model {served_model_name} ({cfg.model}), device {cfg.device}, dtype {cfg.dtype}, "
             f"max_model_len {engine.max_model_len}, KV blocks {kv.num_blocks} x {kv.block_size} tokens, "
-            f"speculative_config {spec_text}")
+            f"speculative_config {spec_text}{parallel}")
+
+
+def replica_configs(config) -> list:
+    """One engine config per data-parallel replica: replica i on cuda:(base + i) on CUDA, all on the CPU
+    otherwise, each with data_parallel_size 1 (an engine is one replica). ValueError for more replicas
+    than GPUs."""
+    n = config.data_parallel_size
+    if n == 1:
+        return [config]
+    device = config.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if not device.startswith("cuda"):
+        return [dataclasses.replace(config, data_parallel_size=1, device=device) for _ in range(n)]
+    import torch
+
+    base = int(device.split(":")[1]) if ":" in device else 0
+    if base + n > torch.cuda.device_count():
+        raise ValueError(f"data_parallel_size={n} needs {n} GPUs from cuda:{base}, this machine has "
+                         f"{torch.cuda.device_count()}")
+    return [dataclasses.replace(config, data_parallel_size=1, device=f"cuda:{base + i}") for i in range(n)]
+
+
+def build_replica(llm_class, config):
+    """One replica's engine, built with its GPU as this thread's current CUDA device (events, graph
+    captures and Triton launches at start-up use the current device)."""
+    if config.device.startswith("cuda:"):
+        import torch
+
+        with torch.cuda.device(config.device):
+            return llm_class(**config.as_kwargs()).engine
+    return llm_class(**config.as_kwargs()).engine
 
 
 def main(args) -> int:
@@ -286,11 +328,11 @@ def main(args) -> int:
         handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))  # uvicorn's look
         log.addHandler(handler)
         log.setLevel(logging.INFO)
-    llm = LLM(**config.as_kwargs())
+    engines = [build_replica(LLM, c) for c in replica_configs(config)]
     name = args.served_model_name or config.model
-    app = build_app(llm.engine, name, api_key=args.api_key, max_queue=args.max_queue,
+    app = build_app(engines, name, api_key=args.api_key, max_queue=args.max_queue,
                     max_body_bytes=args.max_request_bytes)
-    log.info("verispec %s: %s; serving on http://%s:%d", __version__, startup_summary(llm.engine, name),
+    log.info("verispec %s: %s; serving on http://%s:%d", __version__, startup_summary(engines[0], name, len(engines)),
              args.host, args.port)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=30)
     return 0

@@ -209,6 +209,8 @@ class OpenAIServing:
             return await self.aengine.add(prep.request_id, prep.prompt, params, prep.prompt_token_ids)
         except ValueError as e:
             raise APIError(400, str(e), param="messages" if prep.chat else "prompt") from None
+        except EngineDeadError as e:  # shutting down, or the engine stopped for good (a lost TP rank)
+            raise APIError(503, str(e), type="server_error") from None
 
     # ---- pieces of responses ------------------------------------------------------------------
     def _tok(self, tid: int) -> str:
@@ -273,8 +275,8 @@ class OpenAIServing:
             async for out in outputs:
                 final = out
         except EngineDeadError as e:
-            shutting_down = "shutting down" in str(e)
-            raise APIError(503 if shutting_down else 500, str(e), type="server_error") from None
+            unavailable = "shutting down" in str(e) or "engine stopped" in str(e)
+            raise APIError(503 if unavailable else 500, str(e), type="server_error") from None
         assert final is not None
         return {
             "id": prep.request_id, "object": "chat.completion" if prep.chat else "text_completion",

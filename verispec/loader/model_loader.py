@@ -41,5 +41,19 @@ def load_model(name_or_path: str, device: torch.device, dtype: torch.dtype, prog
     return tok, cfg, model
 
 
+def read_config(name_or_path: str, progress: bool = True) -> ModelConfig:
+    """The ModelConfig of a registry name (pulled if missing), a .gguf file or a HF folder, without its
+    weights (checks that must come before a load)."""
+    import json
+
+    from verispec.loader.gguf import read_model_config
+    from verispec.loader.weights import hf_model_config
+
+    path = Path(resolve_model(name_or_path, progress=progress))
+    if path.is_file():
+        return read_model_config(path, name_or_path)
+    return hf_model_config(json.loads((path / "config.json").read_text()), name_or_path, str(path / "config.json"))
+
+
 def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * torch.tensor([], dtype=dtype).element_size()

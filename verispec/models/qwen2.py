@@ -26,12 +26,20 @@ from verispec.models.layers.norm import RMSNorm
 from verispec.models.layers.rotary import RotaryEmbedding
 
 if TYPE_CHECKING:
+    from verispec.core.parallel import TensorParallel
     from verispec.kernels.l2_prefetch import Regions
     from verispec.models.kernel_path import Kernels
 
 
+def _reduced(tp: TensorParallel | None, x: torch.Tensor) -> torch.Tensor:
+    """A row-parallel projection's output: summed over the tensor-parallel ranks (as is without TP)."""
+    return x if tp is None else tp.all_reduce(x)
+
+
 class Attention(nn.Module):
     kernels: Kernels | None = None  # set: the linear kernels for CUDA tensors
+    # Tensor parallelism (distributed/shard.py): this rank's heads only; o_proj is row-parallel.
+    tp: TensorParallel | None = None
     window: int = 0  # sliding window (0: global): keys at positions <= query position - window are masked
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -66,12 +74,13 @@ class Attention(nn.Module):
         q = backend.rotary_write_kv(rotary, positions, q, k, v, kv_cache, meta.slot_mapping)
         out = backend.forward(q, kv_cache, meta, self.scale, prefetch, window=self.window)
         if k_ is not None and x.is_cuda:
-            return k_.linear(out.reshape(t, -1), self.o_proj.weight, options=k_.options)
-        return F.linear(out.reshape(t, -1), self.o_proj.weight)
+            return _reduced(self.tp, k_.linear(out.reshape(t, -1), self.o_proj.weight, options=k_.options))
+        return _reduced(self.tp, F.linear(out.reshape(t, -1), self.o_proj.weight))
 
 
 class MLP(nn.Module):
     kernels: Kernels | None = None  # set: the GEMV / split-K kernels with fused SiLU-and-mul for CUDA tensors
+    tp: TensorParallel | None = None  # set: gate_up column-parallel, down row-parallel (distributed/shard.py)
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -92,10 +101,11 @@ class MLP(nn.Module):
         k_ = self.kernels
         if k_ is not None and x.is_cuda:
             o = k_.options
-            return k_.linear(k_.gate_up_silu(x, self.gate_up_proj.weight, o), self.down_proj.weight, options=o)
+            return _reduced(self.tp, k_.linear(k_.gate_up_silu(x, self.gate_up_proj.weight, o), self.down_proj.weight,
+                                               options=o))
         y = F.linear(x, self.gate_up_proj.weight)
         gate, up = y.chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down_proj.weight)
+        return _reduced(self.tp, F.linear(F.silu(gate) * up, self.down_proj.weight))
 
 
 class DecoderLayer(nn.Module):
@@ -136,10 +146,10 @@ class DecoderLayer(nn.Module):
             meta.slot_mapping, attn.num_heads, attn.num_kv_heads, attn.head_dim, norm=(ln1.weight, ln1.eps),
             residual=residual, options=o_)
         a = backend.forward(q, kv_cache, meta, attn.scale, pf, window=attn.window)
-        o = k_.linear(a.reshape(x.shape[0], -1), attn.o_proj.weight, options=o_)
+        o = _reduced(attn.tp, k_.linear(a.reshape(x.shape[0], -1), attn.o_proj.weight, options=o_))
         y, residual = k_.gemv(o, mlp.gate_up_proj.weight, silu_mul=True, norm=(ln2.weight, ln2.eps), residual=residual,
                               options=o_)
-        return k_.linear(y, mlp.down_proj.weight, options=o_), residual
+        return _reduced(mlp.tp, k_.linear(y, mlp.down_proj.weight, options=o_)), residual
 
 
 class Backbone(nn.Module):
@@ -157,9 +167,13 @@ class CausalLM(nn.Module):
     """Decoder-only LM over a paged KV cache. Weights are frozen (inference only).
 
     attn_backend: the attention backend its layers use; kernels: set by enable_triton (the LM head's
-    GEMV for CUDA tensors, and the options the model's kernels run with)."""
+    GEMV for CUDA tensors, and the options the model's kernels run with). tp: set by
+    distributed/shard.py: the embedding and the LM head hold this rank's vocabulary rows
+    [vocab_start, vocab_start + rows) (the last shard zero-padded), and config keeps the full model's sizes."""
 
     kernels: Kernels | None = None
+    tp: TensorParallel | None = None
+    vocab_start: int = 0
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -180,7 +194,14 @@ class CausalLM(nn.Module):
         return self.model.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.embed_tokens(input_ids)
+        if self.tp is None:
+            return self.model.embed_tokens(input_ids)
+        # Vocabulary-parallel: each rank looks up the ids in its rows, zeros elsewhere; the sum is exact.
+        weight = self.model.embed_tokens.weight
+        local = input_ids - self.vocab_start
+        outside = (local < 0) | (local >= weight.shape[0])
+        x = F.embedding(local.masked_fill(outside, 0), weight).masked_fill_(outside[:, None], 0)
+        return self.tp.all_reduce(x)
 
     def forward(
         self,
@@ -211,6 +232,13 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Logits in float32 for the given hidden states (written into `out` if given)."""
+        if self.tp is not None:  # vocabulary-parallel: every rank's rows, gathered (padding cut off)
+            part = self._local_logits(hidden, None)
+            logits = self.tp.all_gather(part)[:, : self.config.vocab_size]
+            return logits if out is None else out.copy_(logits)
+        return self._local_logits(hidden, out)
+
+    def _local_logits(self, hidden: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
         k_ = self.kernels
         if k_ is not None and hidden.is_cuda:
             return k_.linear(hidden, self.lm_head_weight, out_dtype=torch.float32, out=out, options=k_.options)

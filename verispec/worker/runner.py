@@ -10,7 +10,7 @@ The synchronous loop collects at once; the overlapped loop schedules the next st
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -22,8 +22,12 @@ from verispec.models.qwen2 import CausalLM
 from verispec.worker.batch import SENTINEL_ID, HostBatch, build_host_batch, stage_plan
 from verispec.worker.inputs import Staging, allocate_kv_cache
 from verispec.worker.step import HostMirrors, StepHandle, StepResult
+from verispec.worker.step_message import pack_step, unpack_step
 from verispec.worker.token_state import DeviceTokens, Placeholders, fill_placeholders, gather_plan
 from verispec.worker.verifier import AuditSources, Verifier
+
+if TYPE_CHECKING:
+    from verispec.core.parallel import TensorParallel
 
 __all__ = ["ModelRunner", "StepHandle", "StepResult"]
 
@@ -55,14 +59,19 @@ class ModelRunner:
         audit_rate: float = 0.0,
         graph_options: dict | None = None,
         faults: Faults = NO_FAULTS,
+        tp: TensorParallel | None = None,
     ) -> None:
+        """tp: the tensor-parallel group of a model sharded by distributed/shard.py (None: one device).
+        Rank 0 broadcasts every step's inputs to the other ranks, whose runners run follow()."""
         self.faults = faults
         cfg = model.config
         self.model = model
         self.block_size = block_size
         self.device = device
         self.capture_layers = capture_layers
-        self.kv_caches = allocate_kv_cache(cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim, dtype, device)
+        self.tp = tp
+        kv_heads = cfg.num_kv_heads // (tp.world_size if tp is not None else 1)  # this rank's KV heads
+        self.kv_caches = allocate_kv_cache(cfg.num_layers, num_blocks, block_size, kv_heads, cfg.head_dim, dtype, device)
         self.verifier = Verifier(device, seed, audit_rate, faults)
         self.graphs = None
         # Steps that replayed a graph (padded_steps of them with padding queries) or ran eagerly.
@@ -150,19 +159,42 @@ class ModelRunner:
                  ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Fill the placeholders and run the model: a graph replay (which fills them while staging
         its inputs, one kernel) when one fits, else eagerly (a torch gather fills them first)."""
-        if ph is not None and not self.graphs:
-            fill_placeholders(inp.ids, ph)
+        if ph is not None and (not self.graphs or self.tp is not None):
+            fill_placeholders(inp.ids, ph)  # (with TP before the broadcast: every rank needs the values)
             ph = None
-        out = self.graphs.run(inp.ids, inp.positions, inp.meta, len(hb.query_lens), inp.meta.max_query_len,
-                              ph) if self.graphs else None
+        if self.tp is not None:
+            self.tp.send_step(pack_step(inp.ids, inp.positions, inp.meta, inp.logit_rows, bool(hb.sampling)))
+        return self._run_model(inp.ids, inp.positions, inp.meta, len(hb.query_lens), ph,
+                               len(hb.ids) > sched.num_tokens)
+
+    def _run_model(self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, num_seqs: int,
+                   ph: Placeholders | None, padded: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """A graph replay when one fits, else the eager forward (placeholders filled first)."""
+        out = self.graphs.run(ids, positions, meta, num_seqs, meta.max_query_len, ph) if self.graphs else None
         if out is None and ph is not None:
-            fill_placeholders(inp.ids, ph)
+            fill_placeholders(ids, ph)
         if out is not None:
             self.graph_steps += 1
-            self.padded_steps += len(hb.ids) > sched.num_tokens
+            self.padded_steps += padded
             return out.hidden, out.captured
         self.eager_steps += 1
-        return self.model(inp.ids, inp.positions, inp.meta, self.kv_caches, self.capture_layers)
+        return self.model(ids, positions, meta, self.kv_caches, self.capture_layers)
+
+    @torch.inference_mode()
+    def follow(self, message: torch.Tensor) -> None:
+        """A non-zero tensor-parallel rank's part of one step (message: rank 0's pack_step): the same
+        forward over this rank's shards, and the LM head when the step samples (its all-gather). The
+        tokens are picked on rank 0 only."""
+        backend = self.model.attn_backend
+        step = unpack_step(message, self.block_size, host_lists=backend.needs_reference_indices)
+        meta = step.meta
+        if backend.needs_reference_indices:
+            for name, t in backend.prepare_metadata(step.query_lens, step.seq_lens, step.tables, self.block_size,
+                                                    self.device).items():
+                setattr(meta, name, t)
+        hidden, _ = self._run_model(step.ids, step.positions, meta, step.num_seqs, None, False)
+        if step.has_logits:
+            self.model.compute_logits(hidden if step.logit_rows is None else hidden[step.logit_rows])
 
     def _drafts(self, inp: _DeviceInputs, host_ids: list[int]) -> torch.Tensor:
         """[S, kmax] drafts of each sampling request, read from the device input ids (padded with

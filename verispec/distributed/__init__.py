@@ -1,0 +1,1 @@
+"""Tensor parallelism over torch.distributed: sharding, the collectives, the rank processes."""
