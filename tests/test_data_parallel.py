@@ -60,9 +60,9 @@ def test_router_picks_the_replica_with_the_fewest_in_flight():
         async for _ in s1:  # "a" finishes: replica 0 has room again
             pass
         assert rs.in_flight == [0, 1, 0]
-        await rs.add("c", "x", None)
-        await rs.add("d", "x", None)
-        assert [f.added for f in fakes] == [["a", "c"], ["b"], ["d"]]
+        await rs.add("c", "x", None)  # 0 and 2 have none in flight: 2 was given fewer so far
+        await rs.add("d", "x", None)  # 0: none in flight
+        assert [f.added for f in fakes] == [["a", "d"], ["b"], ["c"]]
         await s2.aclose()
         assert rs.in_flight == [1, 0, 1]
 

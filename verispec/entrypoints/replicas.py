@@ -1,6 +1,7 @@
 """Data parallelism for the server: N engine replicas behind one app, each driven by its own
 AsyncEngine thread; a new request goes to the replica with the fewest requests in flight (added and
-not finished; ties: the lowest index), and /metrics reads one snapshot that sums the replicas'.
+not finished; ties: the one given the fewest so far, then the lowest index), and /metrics reads one
+snapshot that sums the replicas'.
 
 `ReplicaSet` has the AsyncEngine interface the server's handlers and metrics use (add, abort, start,
 stop, is_alive, num_waiting, snapshot, ...), so the HTTP layer does not know how many engines it has.
@@ -99,8 +100,9 @@ class ReplicaSet:
         return sum(r.num_aborted for r in self.replicas)
 
     def pick(self) -> int:
-        """The replica a new request goes to: the fewest in flight, the lowest index on a tie."""
-        return min(range(len(self.replicas)), key=lambda i: (self.in_flight[i], i))
+        """The replica a new request goes to: the fewest in flight; on a tie the one given the fewest so far
+        (an idle server alternates), then the lowest index."""
+        return min(range(len(self.replicas)), key=lambda i: (self.in_flight[i], self.num_routed[i], i))
 
     async def add(self, request_id: str, prompt: str | None, params: SamplingParams,
                   prompt_token_ids: list[int] | None = None) -> AsyncIterator[RequestOutput]:
