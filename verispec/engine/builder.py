@@ -13,7 +13,7 @@ import torch
 from verispec.config import EngineConfig, ModelConfig
 from verispec.core.faults import NO_FAULTS, Faults
 from verispec.engine.kv_blocks import BlockManager
-from verispec.loader.model_loader import DTYPES, kv_bytes_per_block, load_model, resolve_device_dtype
+from verispec.loader.model_loader import DTYPES, is_gguf_model, kv_bytes_per_block, load_model, resolve_device_dtype
 from verispec.loader.tokenizer import Tokenizer
 from verispec.models.qwen2 import CausalLM
 from verispec.spec_decode.cost import StepCost
@@ -63,7 +63,20 @@ def resolve_config(config: EngineConfig) -> EngineConfig:
     dtype = next(name for name, d in DTYPES.items() if d == dt)
     async_scheduling = dev.type == "cuda" if config.async_scheduling is None else config.async_scheduling
     device = dev.type if dev.index is None else str(dev)
-    return dataclasses.replace(config, device=device, dtype=dtype, async_scheduling=async_scheduling)
+    quantization = config.quantization or default_quantization(config.model, dev)
+    return dataclasses.replace(config, device=device, dtype=dtype, async_scheduling=async_scheduling,
+                               quantization=quantization)
+
+
+def default_quantization(model: str, device: torch.device) -> str:
+    """What quantization=None means: "gguf" for a GGUF model (a registry name or a .gguf file) on the CPU
+    where torch runs the int4 matmul correctly (checked once); "none" otherwise (on CUDA the bf16 path stays
+    the default until the GGUF kernels are measured faster)."""
+    if device.type != "cpu" or not is_gguf_model(model):
+        return "none"
+    from verispec.loader.cpu_pack import cpu_int4_available
+
+    return "gguf" if cpu_int4_available() else "none"
 
 
 def freeze_gc() -> float:
@@ -87,7 +100,8 @@ def build_engine_parts(config: EngineConfig, faults: Faults = NO_FAULTS) -> Engi
     """Load the model named in config and assemble everything around it."""
     t0 = time.monotonic()
     device, dtype = resolve_device_dtype(config.device, config.dtype)
-    tok, cfg, model = load_model(config.model, device, dtype)
+    quantization = config.quantization or default_quantization(config.model, device)
+    tok, cfg, model = load_model(config.model, device, dtype, quantization=quantization)
     return assemble_parts(config, tok, model, device, dtype, t0, faults)
 
 
