@@ -13,7 +13,13 @@ import torch
 from verispec.config import EngineConfig, ModelConfig
 from verispec.core.faults import NO_FAULTS, Faults
 from verispec.engine.kv_blocks import BlockManager
-from verispec.loader.model_loader import DTYPES, is_gguf_model, kv_bytes_per_block, load_model, resolve_device_dtype
+from verispec.loader.model_loader import (
+    DTYPES,
+    is_gguf_model,
+    kv_bytes_per_block,
+    load_model,
+    resolve_device_dtype,
+)
 from verispec.loader.tokenizer import Tokenizer
 from verispec.models.qwen2 import CausalLM
 from verispec.spec_decode.cost import StepCost
