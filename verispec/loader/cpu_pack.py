@@ -61,15 +61,18 @@ def raw_planes(raw: torch.Tensor, ggml_type: int, shape: tuple[int, int], planes
         return planes_of(q, sc, b, ggml_type, planes)
     blocks = raw.reshape(n * k // 32, -1)
     d = blocks[:, :2].contiguous().view(torch.float16).to(torch.float32).view(n, k // 32)
+    nib = 0x0F0F0F0F  # on int32 words: four bytes per op
     if ggml_type == T.Q8_0:  # int8 bytes b: b & 15 is q mod 16, (b >> 4) ^ 8 is floor(q / 16) + 8
-        qs = blocks[:, 2:]
-        lo, hi = qs & 15, (qs >> 4) ^ 8
+        w = blocks[:, 2:].contiguous().view(torch.int32)
+        lo, hi = w & nib, ((w >> 4) & nib) ^ 0x08080808
     else:  # Q5_0: q = (nibble | high bit << 4) - 16, so q mod 16 = nibble, floor(q / 16) + 8 = high bit + 7
-        qs = blocks[:, 6:]
-        lo = torch.cat([qs & 15, qs >> 4], dim=1)
-        bits = (blocks[:, 2:6].unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8)) & 1
-        hi = bits.reshape(-1, 32) + 7
-    return [(lo.reshape(n, k), d, d * 8), (hi.reshape(n, k), d * 16, torch.zeros_like(d))]
+        w = blocks[:, 6:].contiguous().view(torch.int32)
+        lo = torch.cat([w & nib, (w >> 4) & nib], dim=1)
+        qh = blocks[:, 2:6].contiguous().view(torch.int32)
+        nibs = (qh >> torch.arange(0, 32, 4, dtype=torch.int32)) & 0xF  # [n, 8]: 4 high bits each
+        hi = ((nibs * 0x00204081) & 0x01010101) + 0x07070707  # spreads a nibble's bits over 4 bytes
+    as_u8 = lambda t: t.contiguous().view(torch.uint8).reshape(n, k)  # noqa: E731
+    return [(as_u8(lo), d, d * 8), (as_u8(hi), d * 16, torch.zeros_like(d))]
 
 
 def pack_planes(parts: list[list[Plane]], dtype: torch.dtype = COMPUTE_DTYPE) -> Int4Planes:

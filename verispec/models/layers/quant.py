@@ -175,3 +175,13 @@ def weight_nbytes(model: nn.Module) -> int:
             seen.add(t.data_ptr())
             total += t.numel() * t.element_size()
     return total + sum(m.weight_nbytes for m in model.modules() if is_quantized(m))
+
+
+def step_weight_nbytes(model: nn.Module) -> int:
+    """Bytes of weights one decode step reads: all of them as held, less the input embedding (a row
+    gather), unless the embedding is the LM head too (a dense tied model)."""
+    total = weight_nbytes(model)
+    emb = model.get_submodule("model.embed_tokens")
+    if "lm_head" in model._modules:
+        total -= emb.weight_nbytes if is_quantized(emb) else emb.weight.numel() * emb.weight.element_size()
+    return total
