@@ -51,10 +51,11 @@ def _gguf_kernels() -> tuple[type, Callable[..., torch.Tensor]]:
     return GGUFWeight, gguf_linear
 
 
-def _cuda_segments(parts: list[Part], device: torch.device, dtype: torch.dtype, held: Counter) -> list[Segment]:
+def _cuda_segments(parts: list[Part], device: torch.device, dtype: torch.dtype, held: Counter,
+                   kernels: tuple[type, Callable[..., torch.Tensor]] | None = None) -> list[Segment]:
     """GGUF blocks for the kernels; runs of one type stacked into one GGUFWeight; types without a kernel
-    dequantized to `dtype`."""
-    GGUFWeight, gguf_linear = _gguf_kernels()
+    dequantized to `dtype`. kernels: (GGUFWeight, gguf_linear) (None: kernels/gguf_matmul.py's)."""
+    GGUFWeight, gguf_linear = kernels or _gguf_kernels()
     segs: list[Segment] = []
     run: list[Part] = []
 
