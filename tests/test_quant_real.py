@@ -2,9 +2,9 @@
 
 The quantized path rounds activations, scales and outputs to bf16, so its logits are held to bf16-level
 agreement: on these prompts the bf16 dequantized path (dtype="bfloat16", quantization="none") is off
-the float32 logits by 1.1-5.7% (relative norm, worst position), the quantized path by 0.6-2.4%
-(2026-12-01). Greedy agreement over 64 tokens on 8 prompts is printed, not asserted token for token;
-only its teacher-forced aggregate is bounded.
+the float32 logits by 1.1-5.7% at generated positions (relative norm, worst position; 23% at one
+prompt token), the quantized path by 0.6-2.4% (5.7% at that token) (2026-12-01). Greedy agreement over 64 tokens on 8 prompts (-m slow) is printed, not asserted token for
+token; only its teacher-forced aggregate is bounded.
 """
 
 from __future__ import annotations
@@ -52,7 +52,23 @@ def test_the_default_on_cpu_is_quantized_and_the_reference_is_not(llm05, llm_q):
     assert weight_nbytes(q) < 2 * file_bytes < weight_nbytes(ref) / 2
 
 
-def test_logits_and_greedy_agreement_with_the_float32_reference(llm05, llm_q):
+def test_logits_match_the_float32_reference_at_bf16_level(llm05, llm_q):
+    """Prefill logits at every position of three prompts (plus their float32 greedy continuation's worth of
+    text, so positions past the prompt are covered too)."""
+    for text in (PROMPTS[0] + "\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
+                 PROMPTS[2], PROMPTS[4]):
+        seq = llm05.tokenizer.encode(text)
+        lr, lq = _logits(llm05, seq), _logits(llm_q, seq)
+        rel = (lq - lr).norm(dim=-1) / lr.norm(dim=-1)
+        # measured: median 0.004-0.005, worst 0.057 (at the chat prompt's <|im_end|>, where the bf16
+        # dequantized path is off by 0.233); bf16 dequantized elsewhere: 0.004-0.03
+        assert float(rel.median()) < 0.01 and float(rel.max()) < 0.1, (text[:20], rel)
+        assert float((lq.argmax(-1) == lr.argmax(-1)).float().mean()) > 0.9
+
+
+@pytest.mark.slow
+def test_greedy_agreement_over_64_tokens_on_8_prompts(llm05, llm_q):
+    """Reported per prompt (-s shows it; docs/BENCHMARKS.md has a run), bounded only in aggregate."""
     ids = [llm05.tokenizer.encode(p) for p in PROMPTS]
     sp = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True)
     ref = [o.outputs[0].token_ids for o in llm05.generate(prompt_token_ids=ids, sampling_params=sp, use_tqdm=False)]
