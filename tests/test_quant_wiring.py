@@ -70,6 +70,25 @@ def test_engine_generates_with_the_quantized_tiny_model(tiny_gguf, monkeypatch, 
     assert a[:3] == b[:3], (a, b)  # tiny random model: the first greedy tokens agree, later ones may drift
 
 
+def test_self_speculation_on_the_quantized_model_is_lossless(tiny_gguf, monkeypatch, tmp_path):
+    """torch's CPU int4 matmul gives a row the same result whatever the row count, so the self oracle on the
+    quantized model accepts every draft and returns plain decoding's tokens."""
+    from verispec import LLM, SamplingParams
+
+    monkeypatch.setenv("VERISPEC_CACHE_DIR", str(tmp_path))
+    sp = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    prompts = [[5, 9, 30, 31, 7], [100, 4, 4, 250]]
+    kw = dict(device="cpu", quantization="gguf", max_model_len=128, num_gpu_blocks=64)
+    plain = LLM(str(tiny_gguf), **kw).generate(prompt_token_ids=prompts, sampling_params=sp, use_tqdm=False)
+    spec = LLM(str(tiny_gguf), **kw, speculative_config={"method": "self", "num_speculative_tokens": 3,
+                                                        "adaptive": False})
+    outs = spec.generate(prompt_token_ids=prompts, sampling_params=sp, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
+    m = spec.get_metrics()
+    assert m["spec_decode_num_draft_tokens"] > 0
+    assert m["spec_decode_num_accepted_tokens"] == m["spec_decode_num_draft_tokens"]
+
+
 @dataclass(frozen=True)
 class FakeGGUFWeight:
     """Stands in for kernels.gguf_matmul.GGUFWeight: the types its kernels would take, checked the same way."""
