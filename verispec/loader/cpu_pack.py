@@ -114,8 +114,9 @@ def pack_u4(u: torch.Tensor) -> torch.Tensor:
     full = n - n % _BLOCK_N
     blocks = u[:full].view(full // _BLOCK_N, 2, _BLOCK_N // 2, k)
     packed = torch.empty(n, k // 2, dtype=torch.uint8)
-    body = packed[:full].view(full // _BLOCK_N, k, _BLOCK_N // 2)
-    torch.bitwise_or(blocks[:, 0], blocks[:, 1] << 4, out=body.transpose(1, 2))
+    both = blocks[:, 1] << 4
+    torch.bitwise_or(both, blocks[:, 0], out=both)  # contiguous first: a transposed copy is 2x faster than
+    packed[:full].view(full // _BLOCK_N, k, _BLOCK_N // 2).copy_(both.transpose(1, 2))  # a transposed OR
     if full < n:
         packed[full:] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(u[full:].to(torch.int32), 1)
     return packed
