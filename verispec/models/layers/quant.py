@@ -38,10 +38,11 @@ class Int4Planes:
     planes: int
     shape: tuple[int, int]
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x [T, K] in the scales' dtype -> [T, N] in that dtype (accumulated in float32 inside)."""
-        if self.planes > 1:
-            x = x.repeat(1, self.planes)
+    def __call__(self, x: torch.Tensor, repeated: bool = False) -> torch.Tensor:
+        """x [T, K] in the scales' dtype -> [T, N] in that dtype (accumulated in float32 inside);
+        repeated: x is already [T, planes * K] (its planes' copies side by side)."""
+        if self.planes > 1 and not repeated:
+            x = torch.cat([x] * self.planes, dim=1)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, INT4_GROUP, self.scales_zeros)
         n = self.shape[0]
         return y if y.shape[-1] == n else y[:, :n]
@@ -114,6 +115,11 @@ class QuantLinear(nn.Module):
         self.compute_dtype = compute_dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        one = self.segments[0] if len(self.segments) == 1 else None
+        if isinstance(one, Int4Planes) and x.dim() == 2:  # the common case, with fewer ops (decode is op-bound)
+            xc = (torch.cat([x] * one.planes, dim=1) if one.planes > 1 else x).to(self.compute_dtype)
+            y = one(xc, repeated=True).to(x.dtype)
+            return y if self.bias is None else y + self.bias
         lead = x.shape[:-1]
         xc = x.reshape(-1, x.shape[-1]).to(self.compute_dtype)
         ys = [s(xc) for s in self.segments]
