@@ -172,8 +172,8 @@ def cpu_int4_available() -> bool:
         return False
     try:
         g = torch.Generator().manual_seed(0)
-        q = torch.randint(-16, 16, (32, 64), generator=g, dtype=torch.int8)
-        scale = torch.rand(32, 2, generator=g) / 16
+        q = torch.randint(-16, 16, (80, 64), generator=g, dtype=torch.int8)  # 64 rows: pack_u4's layout
+        scale = torch.rand(80, 2, generator=g) / 16
         w = pack_planes([planes_of(q, scale, None, GGMLQuantizationType.Q5_0)])  # two planes
         x = torch.randn(3, 64, generator=g)
         ref = x @ (q.float() * scale.repeat_interleave(32, dim=1)).t()
