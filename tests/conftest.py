@@ -49,10 +49,11 @@ def qwen15_path() -> Path:
 
 @pytest.fixture(scope="session")
 def llm05(qwen05_path):
-    """The real 0.5B on CPU in float32 (the reference path), shared by the session's tests."""
+    """The real 0.5B on CPU in float32, dequantized (the reference path), shared by the session's tests."""
     from verispec import LLM
 
-    return LLM(QWEN05, device="cpu", dtype="float32", max_model_len=2048, async_scheduling=False)
+    return LLM(QWEN05, device="cpu", dtype="float32", quantization="none", max_model_len=2048,
+               async_scheduling=False)
 
 
 @pytest.fixture(scope="session")
@@ -80,10 +81,11 @@ def gemma_path() -> Path:
 
 @pytest.fixture(scope="session")
 def llm_gemma(gemma_path):
-    """The real gemma-3-270m on CPU in float32."""
+    """The real gemma-3-270m on CPU in float32, dequantized (the reference path)."""
     from verispec import LLM
 
-    return LLM(GEMMA, device="cpu", dtype="float32", max_model_len=2048, async_scheduling=False)
+    return LLM(GEMMA, device="cpu", dtype="float32", quantization="none", max_model_len=2048,
+               async_scheduling=False)
 
 
 @pytest.fixture(scope="session")

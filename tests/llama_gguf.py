@@ -4,7 +4,8 @@ No Llama GGUF can be downloaded here, so tests make one: a transformers `LlamaFo
 weights scaled so that activations are O(1)), a byte-level BPE tokenizer trained on a few lines of text
 (the "gpt2" tokenizer model with the "llama-bpe" pre-tokenizer, as Llama 3 GGUFs have), and the GGUF file:
 tensor names from the `gguf` package's own HF -> GGUF name map, q/k rows permuted as the convert script's
-`LlamaModel.permute` does, F32 or F16 (1-D tensors stay F32, as with `--outtype f16`).
+`LlamaModel.permute` does, F32 or F16 (1-D tensors stay F32, as with `--outtype f16`), or Q8_0 / Q5_0
+quantized by the `gguf` package's own quantizer.
 """
 
 from __future__ import annotations
@@ -126,7 +127,9 @@ def write_llama_gguf(model, path: Path, outtype: str = "f32") -> None:
     w.add_head_count_kv(c.num_key_value_heads)
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_rope_freq_base(rope_theta(c))
-    w.add_file_type(gguf.LlamaFileType.ALL_F32 if outtype == "f32" else gguf.LlamaFileType.MOSTLY_F16)
+    quant = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q5_0": gguf.GGMLQuantizationType.Q5_0}.get(outtype)
+    w.add_file_type({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+                     "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "q5_0": gguf.LlamaFileType.MOSTLY_Q5_0}[outtype])
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("llama-bpe")
     w.add_token_list(tokens)
@@ -150,6 +153,9 @@ def write_llama_gguf(model, path: Path, outtype: str = "f32") -> None:
         assert new is not None, name
         if outtype == "f16" and data.ndim > 1:
             data = data.astype(np.float16)
+        if quant is not None and data.ndim > 1:  # gguf's own quantizer, as llama-quantize would write them
+            w.add_tensor(new, gguf.quants.quantize(np.ascontiguousarray(data), quant), raw_dtype=quant)
+            continue
         w.add_tensor(new, np.ascontiguousarray(data))
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -45,7 +45,7 @@ BAD = {
     "batch_invariant": 0,
 }
 # Contract keywords the engine does not implement yet: accepted at their defaults, refused otherwise.
-UNSUPPORTED = {"quantization": "gguf"}
+UNSUPPORTED: dict = {}
 
 
 @pytest.fixture
@@ -158,6 +158,13 @@ def test_engine_resolves_auto_values():
 
     cfg = resolve_config(EngineConfig(device="cpu"))
     assert (cfg.device, cfg.dtype, cfg.async_scheduling) == ("cpu", "float32", False)
+    # GGUF files run quantized on the CPU by default (where torch has the int4 matmul); folders never do
+    from verispec.loader.cpu_pack import cpu_int4_available
+
+    assert cfg.quantization == ("gguf" if cpu_int4_available() else "none")
+    assert resolve_config(EngineConfig(device="cpu", model="/some/hf_folder")).quantization == "none"
+    assert resolve_config(EngineConfig(device="cpu", model="x.gguf", quantization="none")).quantization == "none"
+    assert resolve_config(EngineConfig(device="cpu", model="x.gguf", quantization="gguf")).quantization == "gguf"
     assert resolve_config(EngineConfig(device="cpu", async_scheduling=True, dtype="bfloat16")).async_scheduling
 
 

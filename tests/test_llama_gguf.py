@@ -138,7 +138,7 @@ def test_greedy_tokens_match_the_original(llama, ours):
 
     original, stored, path, from_gguf = llama
     tok, _, _ = ours
-    llm = LLM(str(path), device="cpu", dtype="float32", max_model_len=128, async_scheduling=False)
+    llm = LLM(str(path), device="cpu", dtype="float32", quantization="none", max_model_len=128, async_scheduling=False)
     prompts = [tok.encode(CORPUS[0][:20]), tok.encode("The lazy fox"), _sequences()[2]]
     sp = SamplingParams(temperature=0.0, max_tokens=NUM_GREEDY, ignore_eos=True)
     outs = llm.generate(prompt_token_ids=prompts, sampling_params=sp)

@@ -56,7 +56,7 @@ def test_real_model_ngram_matches_plain(llm05):
     params = _params()
     outs = _chat(llm05, params)
 
-    spec = LLM("qwen2.5-coder-0.5b-instruct", device="cpu", dtype="float32", max_model_len=1024,
+    spec = LLM("qwen2.5-coder-0.5b-instruct", device="cpu", dtype="float32", quantization="none", max_model_len=1024,
                async_scheduling=True, speculative_config={"method": "ngram", "num_speculative_tokens": 3,
                                                           "adaptive": False})
     spec_outs = _chat(spec, params)

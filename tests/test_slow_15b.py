@@ -16,7 +16,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def llm15(qwen15_path):
-    return LLM("qwen2.5-coder-1.5b-instruct", device="cpu", dtype="float32", max_model_len=1024)
+    return LLM("qwen2.5-coder-1.5b-instruct", device="cpu", dtype="float32", quantization="none", max_model_len=1024)
 
 
 def test_15b_matches_transformers(llm15, qwen15_path):
@@ -35,7 +35,7 @@ def test_15b_matches_transformers(llm15, qwen15_path):
 def test_15b_with_05b_draft_is_lossless(llm15, qwen05_path):
     ids = [llm15.tokenizer.encode(p) for p in PROMPTS]
     ref = [o.outputs[0].token_ids for o in llm15.generate(prompt_token_ids=ids, sampling_params=GREEDY)]
-    spec = LLM("qwen2.5-coder-1.5b-instruct", device="cpu", dtype="float32", max_model_len=1024,
+    spec = LLM("qwen2.5-coder-1.5b-instruct", device="cpu", dtype="float32", quantization="none", max_model_len=1024,
                speculative_config={"method": "draft_model", "model": "qwen2.5-coder-0.5b-instruct", "num_speculative_tokens": 4,
                                    "adaptive": False},
                max_num_batched_tokens=32, num_gpu_blocks=12)

@@ -42,7 +42,8 @@ def smol_path():
 def llm(smol_path):
     from verispec import LLM
 
-    return LLM(NAME, device="cpu", dtype="float32", max_model_len=1024, async_scheduling=False)
+    return LLM(NAME, device="cpu", dtype="float32", quantization="none", max_model_len=1024,
+               async_scheduling=False)
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
 ARCHITECTURES = ("qwen2", "llama", "qwen3", "gemma3")
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
 SPEC_METHODS = ("ngram", "draft_model", "self", "dflash")
+QUANTIZATION_NAMES = (None, "gguf", "none")  # vLLM's names
 # The commands whose flags are made from EngineConfig's fields (entrypoints/args.py).
 COMMANDS = ("generate", "serve", "bench")
 
@@ -265,9 +266,10 @@ class EngineConfig(_Checked):
     gc_freeze: bool = option(True, "move everything alive once the engine is built into the GC's permanent "
                                    "generation (fewer, shorter collections while generating)")
     quantization: str | None = option(
-        None, "gguf: keep GGUF blocks as stored; none: dequantize at load (None: the engine's default, none; "
-              "only none is implemented yet)", choices=(None, "gguf", "none"),
-        supported=(None, "none"))
+        None, "gguf: keep a GGUF file's weights quantized (CPU: torch's int4 matmul, bf16 activations; CUDA: "
+              "the GGUF kernels); none: dequantize at load to dtype (the float32 reference on CPU). None: the "
+              "engine's default: gguf for GGUF files on CPU when no dtype is given, none otherwise",
+        choices=QUANTIZATION_NAMES)
     tensor_parallel_size: int = option(
         1, "ranks the target is sharded over (Megatron-style, one process per rank, torch.distributed: NCCL on "
            "CUDA, gloo on CPU); must divide the model's attention and KV heads", **_at_least(1))

@@ -65,23 +65,29 @@ def useful_flops(cfg: ModelConfig, seq_lens: Iterable[tuple[int, int]]) -> float
 
 
 def hardware_use(
-    cfg: ModelConfig, elem_bytes: int, steps: list[StepRecord], seconds: float, flops: float
+    cfg: ModelConfig, elem_bytes: int, steps: list[StepRecord], seconds: float, flops: float,
+    weight_bytes: int | None = None,
 ) -> dict[str, float | str]:
     """Fractions of the memory-bandwidth and FLOP limits used over `seconds` by these steps (see
     hardware_totals)."""
-    return hardware_totals(cfg, elem_bytes, len(steps), sum(s.context_tokens for s in steps), seconds, flops)
+    return hardware_totals(cfg, elem_bytes, len(steps), sum(s.context_tokens for s in steps), seconds, flops,
+                           weight_bytes)
 
 
 def hardware_totals(
-    cfg: ModelConfig, elem_bytes: int, num_steps: int, context_tokens: int, seconds: float, flops: float
+    cfg: ModelConfig, elem_bytes: int, num_steps: int, context_tokens: int, seconds: float, flops: float,
+    weight_bytes: int | None = None,
 ) -> dict[str, float | str]:
     """Fractions of the memory-bandwidth and FLOP limits used over `seconds`.
 
     mem_frac: (weights once per step + `context_tokens` KV entries read) / seconds / HBM_BYTES_PER_S;
-    flop_frac: flops / seconds / BF16_FLOPS_PER_S."""
+    flop_frac: flops / seconds / BF16_FLOPS_PER_S. weight_bytes: what a step reads of the weights as the
+    model holds them (quantized weights: models/layers/quant.step_weight_nbytes); None: every matmul
+    weight in elem_bytes."""
     if seconds <= 0:
         return {"mem_frac": 0.0, "flop_frac": 0.0, "hw_frac": 0.0, "hw_bound": "mem"}
-    w, kvb = weight_bytes_per_step(cfg, elem_bytes), kv_bytes_per_token(cfg, elem_bytes)
+    w = weight_bytes_per_step(cfg, elem_bytes) if weight_bytes is None else weight_bytes
+    kvb = kv_bytes_per_token(cfg, elem_bytes)
     moved = num_steps * w + context_tokens * kvb
     mem = moved / seconds / HBM_BYTES_PER_S
     flop = flops / seconds / BF16_FLOPS_PER_S

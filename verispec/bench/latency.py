@@ -43,7 +43,7 @@ def _row(bm: BenchModel, batch: int, runs: list) -> dict:
         "batch_size": batch, "ttft_ms_p50": pct(ttft, 50), "ttft_ms_p99": pct(ttft, 99),
         "tpot_ms_p50": pct(tpot, 50), "tpot_ms_p99": pct(tpot, 99), "step_ms_p50": pct(step_ms, 50),
         "decode_tok_s": sum(s.new_tokens for s in dec) / secs if secs else 0.0,
-        **hardware_use(bm.config, bm.elem_bytes, dec, secs, step_flops(bm.config, dec)),
+        **hardware_use(bm.config, bm.elem_bytes, dec, secs, step_flops(bm.config, dec), bm.step_weight_bytes),
     }
     drafts = sum(r.spec["num_drafts"] for r in runs)
     if drafts:

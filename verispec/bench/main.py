@@ -226,7 +226,8 @@ def run(args) -> dict:
         "dtype": str(bm.dtype).removeprefix("torch."), "random_weights": args.random_weights,
         "load_s": bm.load_seconds, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
         "hardware": hardware.HARDWARE, "matmul_params": hardware.matmul_params(bm.config),
-        "weight_bytes_per_step": hardware.weight_bytes_per_step(bm.config, bm.elem_bytes),
+        "quantization": bm.quantization, "weight_bytes": bm.weight_bytes,
+        "weight_bytes_per_step": bm.step_weight_bytes,
         "settings": settings, "reference": peers.PUBLISHED, **out,
     }
     if bm.device.type == "cuda":

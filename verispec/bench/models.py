@@ -13,6 +13,7 @@ import torch
 
 from verispec.bench.prompts import Prompt
 from verispec.config import EngineConfig, ModelConfig
+from verispec.engine.builder import default_quantization
 from verispec.loader.model_loader import load_model, resolve_device_dtype
 from verispec.models.qwen2 import CausalLM, build_model
 
@@ -80,13 +81,20 @@ class BenchModel:
     dtype: torch.dtype
     load_seconds: float
     has_tokenizer: bool = True
+    quantization: str = "none"
     elem_bytes: int = field(init=False)
     # tensor_parallel_size > 1: the rank processes `model` (rank 0's shard) was sharded with; every engine
     # of the run is assembled over them (drive.make_engine).
     tp: object = None
+    weight_bytes: int = field(init=False)  # the weights as held (quantized or dense)
+    step_weight_bytes: int = field(init=False)  # what one decode step reads of them
 
     def __post_init__(self) -> None:
+        from verispec.models.layers.quant import step_weight_nbytes, weight_nbytes
+
         self.elem_bytes = torch.tensor([], dtype=self.dtype).element_size()
+        self.weight_bytes = weight_nbytes(self.model)
+        self.step_weight_bytes = step_weight_nbytes(self.model)
 
     def encode(self, p: Prompt) -> list[int]:
         """Token ids of a bench prompt (text: as the engine encodes a prompt, BOS in front where the model
@@ -164,8 +172,12 @@ def load_bench_model(setup: BenchSetup) -> BenchModel:
     if setup.engine.tensor_parallel_size > 1:
         return _load_tensor_parallel(setup, device, dtype, t0)
     if not setup.random_weights:
-        tok, cfg, model = load_model(str(local_gguf(name) or name), device, dtype)
-        return BenchModel(setup, tok, cfg, model, device, dtype, time.perf_counter() - t0)
+        path = str(local_gguf(name) or name)
+        quant = setup.engine.quantization or default_quantization(path, device)
+        tok, cfg, model = load_model(path, device, dtype, quantization=quant)
+        return BenchModel(setup, tok, cfg, model, device, dtype, time.perf_counter() - t0, quantization=quant)
+    if setup.engine.quantization == "gguf":
+        raise ValueError("quantization='gguf' needs a model's real GGUF weights, not --random-weights")
     cfg = shapes_for(name, setup.model_overrides)
     model = random_model(cfg, device, dtype, setup.seed)
     path = local_gguf(name)

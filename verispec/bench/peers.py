@@ -33,6 +33,10 @@ def hf_model(model: CausalLM):
     c = model.config
     if c.arch != "qwen2":
         raise ValueError(f"the HF peer builds Qwen2 models only, not {c.arch!r}")
+    from verispec.models.layers.quant import is_quantized
+
+    if any(is_quantized(m) for m in model.modules()):
+        raise ValueError("the HF peer shares dense weights: run it with --quantization none")
     hf_cfg = Qwen2Config(
         vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
         num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,

@@ -45,9 +45,13 @@ def table(rows: Sequence[dict], columns: Sequence[Column]) -> str:
 def header(res: dict) -> str:
     """One line naming what ran where."""
     weights = "random weights" if res.get("random_weights") else "real weights"
+    mem = ""
+    if "weight_bytes" in res:
+        mem = (f"; weights {res['weight_bytes'] / 1e6:.0f} MB as held (quantization {res.get('quantization', 'none')}),"
+               f" {res['weight_bytes_per_step'] / 1e6:.0f} MB read per decode step")
     return (f"verispec bench {res['kind']}: {res['model']} ({weights}, {res['dtype']}) on {res['device']}, "
-            f"loaded in {res.get('load_s', 0):.1f}s; hw% = max(bytes/s / {res['hardware']['hbm_bytes_per_s']:.2g}, "
-            f"FLOP/s / {res['hardware']['bf16_flops_per_s']:.2g})")
+            f"loaded in {res.get('load_s', 0):.1f}s{mem}; hw% = max(bytes/s / "
+            f"{res['hardware']['hbm_bytes_per_s']:.2g}, FLOP/s / {res['hardware']['bf16_flops_per_s']:.2g})")
 
 
 def hw_column(rows: list[dict]) -> None:

@@ -123,7 +123,7 @@ def _row(bm: BenchModel, method: str, b: int, k: int, run) -> dict:
     row = {"method": method, "batch_size": b, "k": k if method != "none" else 0, "num_prompts": len(run.outputs),
            "output_tokens": n_out, "wall_s": run.wall_s, "tok_s": n_out / run.wall_s, "num_drafts": sp["num_drafts"],
            "mean_k": sp["num_draft_tokens"] / max(sp["num_request_steps"], 1), "num_steps": run.num_steps,
-           **hardware_use(bm.config, bm.elem_bytes, run.steps, run.wall_s, flops)}
+           **hardware_use(bm.config, bm.elem_bytes, run.steps, run.wall_s, flops, bm.step_weight_bytes)}
     secs = sorted(st.seconds for st in run.steps)
     if secs:  # the steps' host pace (async) or synchronized time: where a slow run loses its time
         p50 = secs[(len(secs) - 1) // 2]

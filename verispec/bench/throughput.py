@@ -73,7 +73,8 @@ def _figures(bm: BenchModel, run: RunResult) -> dict:
         "prompt_tokens": n_prompt, "output_tokens": n_out, "wall_s": run.wall_s,
         "total_tok_s": (n_prompt + n_out) / run.wall_s, "output_tok_s": n_out / run.wall_s,
         "num_steps": run.num_steps,
-        **hardware_totals(bm.config, bm.elem_bytes, run.num_steps, run.context_tokens, run.wall_s, flops),
+        **hardware_totals(bm.config, bm.elem_bytes, run.num_steps, run.context_tokens, run.wall_s, flops,
+                           bm.step_weight_bytes),
     }
 
 

@@ -14,7 +14,13 @@ import torch
 from verispec.config import EngineConfig, ModelConfig
 from verispec.core.faults import NO_FAULTS, Faults
 from verispec.engine.kv_blocks import BlockManager
-from verispec.loader.model_loader import DTYPES, kv_bytes_per_block, load_model, resolve_device_dtype
+from verispec.loader.model_loader import (
+    DTYPES,
+    is_gguf_model,
+    kv_bytes_per_block,
+    load_model,
+    resolve_device_dtype,
+)
 from verispec.loader.tokenizer import Tokenizer
 from verispec.models.qwen2 import CausalLM
 from verispec.spec_decode.cost import StepCost
@@ -70,7 +76,23 @@ def resolve_config(config: EngineConfig) -> EngineConfig:
     dtype = next(name for name, d in DTYPES.items() if d == dt)
     async_scheduling = dev.type == "cuda" if config.async_scheduling is None else config.async_scheduling
     device = dev.type if dev.index is None else str(dev)
-    return dataclasses.replace(config, device=device, dtype=dtype, async_scheduling=async_scheduling)
+    quantization = config.quantization or default_quantization(config.model, dev, config.dtype,
+                                                               config.tensor_parallel_size)
+    return dataclasses.replace(config, device=device, dtype=dtype, async_scheduling=async_scheduling,
+                               quantization=quantization)
+
+
+def default_quantization(model: str, device: torch.device, dtype: str = "auto", tensor_parallel_size: int = 1) -> str:
+    """What quantization=None means: "gguf" for a GGUF model (a registry name or a .gguf file) on the CPU
+    where torch runs the int4 matmul correctly (checked once), unless a dtype was asked for (an explicit
+    dtype, float32 say, asks for the dequantized path in that dtype: the float32 reference) or the model is
+    sharded; "none" otherwise (on CUDA the bf16 path stays the default until the GGUF kernels are measured
+    faster)."""
+    if device.type != "cpu" or not is_gguf_model(model) or dtype not in (None, "auto") or tensor_parallel_size > 1:
+        return "none"
+    from verispec.loader.cpu_pack import cpu_int4_available
+
+    return "gguf" if cpu_int4_available() else "none"
 
 
 def check_batch_invariant(config: EngineConfig, device: torch.device | str) -> None:
@@ -103,8 +125,13 @@ def build_engine_parts(config: EngineConfig, faults: Faults = NO_FAULTS) -> Engi
     t0 = time.monotonic()
     device, dtype = resolve_device_dtype(config.device, config.dtype)
     if config.tensor_parallel_size > 1:
+        if config.quantization == "gguf":
+            raise ValueError("quantization='gguf' does not run with tensor_parallel_size > 1 yet; "
+                             "use quantization='none'")
         return _build_tensor_parallel(config, faults, device, dtype, t0)
-    tok, cfg, model = load_model(config.model, device, dtype)
+    quantization = config.quantization or default_quantization(config.model, device, config.dtype,
+                                                               config.tensor_parallel_size)
+    tok, cfg, model = load_model(config.model, device, dtype, quantization=quantization)
     return assemble_parts(config, tok, model, device, dtype, t0, faults)
 
 

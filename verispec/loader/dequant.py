@@ -151,20 +151,17 @@ def type_name(ggml_type: int) -> str:
         return f"type {ggml_type}"
 
 
-def dequantize(
-    raw: torch.Tensor,
-    ggml_type: int,
-    shape: Sequence[int],
-    *,
-    device: torch.device | str | None = None,
-    dtype: torch.dtype = torch.float32,
-) -> torch.Tensor:
-    """Dequantize ggml bytes into a ``shape`` tensor (torch order; blocks run along the last dim).
+# Integer range of each type's quants as its kernel returns them (value = scale * q + bias).
+QUANT_RANGES: dict[int, tuple[int, int]] = {
+    T.Q8_0: (-128, 127), T.Q4_0: (-8, 7), T.Q4_1: (0, 15), T.Q5_0: (-16, 15), T.Q5_1: (0, 31),
+    T.Q2_K: (0, 3), T.Q3_K: (-4, 3), T.Q4_K: (0, 15), T.Q5_K: (0, 31), T.Q6_K: (-32, 31),
+}
+# Elements per (scale, bias) group of each type.
+QUANT_GROUPS: dict[int, int] = {t: 16 if t in (T.Q2_K, T.Q3_K, T.Q6_K) else 32 for t in QUANT_RANGES}
 
-    The bytes are moved to ``device`` (default: where ``raw`` is) first and decoded there in
-    float32, chunk by chunk, then cast to ``dtype``. Raises ValueError for unsupported types or a
-    byte count that does not match ``shape``.
-    """
+
+def _check_bytes(raw: torch.Tensor, ggml_type: int, shape: Sequence[int]) -> tuple[tuple[int, ...], int, int, int]:
+    """(shape, n_blocks, block, type_size), or ValueError for an unsupported type or a bad byte count."""
     if ggml_type not in SUPPORTED_TYPES:
         names = ", ".join(sorted(type_name(t) for t in SUPPORTED_TYPES))
         raise ValueError(f"cannot dequantize ggml {type_name(ggml_type)}; supported: {names}")
@@ -181,6 +178,41 @@ def dequantize(
             f"{type_name(ggml_type)} tensor of shape {shape} needs {n_blocks * type_size} uint8 bytes, "
             f"got {raw.numel()} of {raw.dtype}"
         )
+    return shape, n_blocks, block, type_size
+
+
+def quants(raw: torch.Tensor, ggml_type: int, shape: Sequence[int]) -> Quants:
+    """A quantized 2-D tensor's integer quants and group affine terms, as stored (no rounding).
+
+    Returns (q [N, K] int8 or uint8, scale [N, K // g] float32, bias [N, K // g] float32 or None),
+    g the type's group size (32 or 16); dequantize's value is exactly ``scale * q + bias`` per group
+    (float32, bias added after the product). ValueError for float types and bad byte counts."""
+    if ggml_type not in _KERNELS:
+        raise ValueError(f"ggml {type_name(ggml_type)} has no integer quants (supported: "
+                         f"{', '.join(sorted(type_name(t) for t in _KERNELS))})")
+    shape, n_blocks, _, type_size = _check_bytes(raw, ggml_type, shape)
+    if len(shape) != 2:
+        raise ValueError(f"quants needs a 2-D tensor, got shape {shape}")
+    q, scale, bias = _KERNELS[ggml_type](raw.reshape(n_blocks, type_size))
+    n = shape[0]
+    return q.reshape(n, shape[1]), scale.reshape(n, -1), None if bias is None else bias.reshape(n, -1)
+
+
+def dequantize(
+    raw: torch.Tensor,
+    ggml_type: int,
+    shape: Sequence[int],
+    *,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Dequantize ggml bytes into a ``shape`` tensor (torch order; blocks run along the last dim).
+
+    The bytes are moved to ``device`` (default: where ``raw`` is) first and decoded there in
+    float32, chunk by chunk, then cast to ``dtype``. Raises ValueError for unsupported types or a
+    byte count that does not match ``shape``.
+    """
+    shape, n_blocks, block, type_size = _check_bytes(raw, ggml_type, shape)
     device = torch.device(device) if device is not None else raw.device
     raw = raw.to(device).reshape(-1)
     if ggml_type in _FLOATS:

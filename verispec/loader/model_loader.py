@@ -29,15 +29,39 @@ def resolve_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.d
     return torch.device(device), DTYPES[dtype]
 
 
-def load_model(name_or_path: str, device: torch.device, dtype: torch.dtype, progress: bool = True):
-    """(tokenizer, config, model) for a registry name, a .gguf file or a HF folder."""
-    from verispec.loader.weights import load_weights  # local: keeps gguf off the import path until a load
+QUANTIZATIONS = ("gguf", "none")
 
+
+def is_gguf_model(name_or_path: str) -> bool:
+    """True for a registry name or a .gguf file (what quantization='gguf' can load); nothing is pulled."""
+    from verispec.loader.registry import REGISTRY
+
+    return name_or_path in REGISTRY or (str(name_or_path).endswith(".gguf") and not Path(name_or_path).is_dir())
+
+
+def load_model(name_or_path: str, device: torch.device, dtype: torch.dtype, progress: bool = True,
+               quantization: str = "none"):
+    """(tokenizer, config, model) for a registry name, a .gguf file or a HF folder.
+
+    quantization "none": weights dequantized to `dtype` (the float32 reference on the CPU); "gguf": a GGUF
+    file's weights kept quantized (loader/quantized.py; ValueError for a Hugging Face folder)."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     path = resolve_model(name_or_path, progress=progress)
-    cfg, weights = load_weights(path, device=device, dtype=dtype, progress=progress)
+    modules = None
+    if quantization == "gguf":
+        if not Path(path).is_file():
+            raise ValueError(f"quantization='gguf' needs a .gguf model, got the folder {path}")
+        from verispec.loader.quantized import load_gguf_quantized  # local: gguf off the import path
+
+        cfg, weights, modules = load_gguf_quantized(path, device=device, dtype=dtype)
+    else:
+        from verispec.loader.weights import load_weights  # local: keeps gguf off the import path until a load
+
+        cfg, weights = load_weights(path, device=device, dtype=dtype, progress=progress)
     cfg.name = name_or_path
     tok = Tokenizer.from_gguf(path) if Path(path).is_file() else Tokenizer.from_hf_folder(path)
-    model = build_model(cfg, weights, device, dtype)
+    model = build_model(cfg, weights, device, dtype, modules=modules)
     return tok, cfg, model
 
 

@@ -21,6 +21,7 @@ def model_class(cfg: ModelConfig) -> type[qwen2.CausalLM]:
     return MODEL_CLASSES[cfg.arch]
 
 
-def build_model(cfg: ModelConfig, state_dict: dict[str, torch.Tensor], device, dtype) -> qwen2.CausalLM:
-    """qwen2.build_model with the architecture's class."""
-    return qwen2.build_model(cfg, state_dict, device, dtype, model_cls=model_class(cfg))
+def build_model(cfg: ModelConfig, state_dict: dict[str, torch.Tensor], device, dtype,
+                modules: dict[str, torch.nn.Module] | None = None) -> qwen2.CausalLM:
+    """qwen2.build_model with the architecture's class (modules: quantized layers replacing its own)."""
+    return qwen2.build_model(cfg, state_dict, device, dtype, model_cls=model_class(cfg), modules=modules)

@@ -33,16 +33,16 @@ class GeluMLP(MLP):
     """down(gelu_tanh(gate(x)) * up(x)); gate and up in one GEMM, as in qwen2.MLP."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        k_ = self.kernels
+        k_ = self.kernels if not self.quantized else None  # quantized projections run their own matmul
         if k_ is not None and x.is_cuda:
             y = k_.linear(x, self.gate_up_proj.weight, options=k_.options)
         else:
-            y = F.linear(x, self.gate_up_proj.weight)
+            y = self.gate_up_proj(x)
         gate, up = y.chunk(2, dim=-1)
         h = F.gelu(gate, approximate="tanh") * up
         if k_ is not None and x.is_cuda:
             return k_.linear(h, self.down_proj.weight, options=k_.options)
-        return F.linear(h, self.down_proj.weight)
+        return self.down_proj(h)
 
 
 class Gemma3DecoderLayer(nn.Module):

@@ -23,6 +23,7 @@ from verispec.attention.reference import ReferenceBackend
 from verispec.config import ModelConfig
 from verispec.core.attention_metadata import AttentionMetadata
 from verispec.models.layers.norm import RMSNorm
+from verispec.models.layers.quant import QuantLinear, is_quantized
 from verispec.models.layers.rotary import RotaryEmbedding
 
 if TYPE_CHECKING:
@@ -60,11 +61,11 @@ class Attention(nn.Module):
                 backend: AttentionBackend, prefetch: Regions | None = None):
         """prefetch: weight regions the attention launch asks L2 for (the Triton backend's option)."""
         t = x.shape[0]
-        k_ = self.kernels
+        k_ = self.kernels if not self.quantized else None  # quantized projections run their own matmul
         if k_ is not None and x.is_cuda:
             qkv = k_.linear(x, self.qkv_proj.weight, self.qkv_proj.bias, options=k_.options)
         else:
-            qkv = F.linear(x, self.qkv_proj.weight, self.qkv_proj.bias)
+            qkv = self.qkv_proj(x)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
@@ -75,7 +76,12 @@ class Attention(nn.Module):
         out = backend.forward(q, kv_cache, meta, self.scale, prefetch, window=self.window)
         if k_ is not None and x.is_cuda:
             return _reduced(self.tp, k_.linear(out.reshape(t, -1), self.o_proj.weight, options=k_.options))
-        return _reduced(self.tp, F.linear(out.reshape(t, -1), self.o_proj.weight))
+        return _reduced(self.tp, self.o_proj(out.reshape(t, -1)))
+
+    @property
+    def quantized(self) -> bool:
+        """True when the projections hold quantized weights (models/layers/quant.py)."""
+        return is_quantized(self.qkv_proj)
 
 
 class MLP(nn.Module):
@@ -97,15 +103,20 @@ class MLP(nn.Module):
             self._l2 = (key, stacked_head(self.gate_up_proj.weight, nbytes))
         return self._l2[1]
 
+    @property
+    def quantized(self) -> bool:
+        """True when the projections hold quantized weights (models/layers/quant.py)."""
+        return is_quantized(self.gate_up_proj)
+
     def forward(self, x):
         k_ = self.kernels
-        if k_ is not None and x.is_cuda:
+        if k_ is not None and x.is_cuda and not self.quantized:
             o = k_.options
             return _reduced(self.tp, k_.linear(k_.gate_up_silu(x, self.gate_up_proj.weight, o), self.down_proj.weight,
                                                options=o))
-        y = F.linear(x, self.gate_up_proj.weight)
+        y = self.gate_up_proj(x)
         gate, up = y.chunk(2, dim=-1)
-        return _reduced(self.tp, F.linear(F.silu(gate) * up, self.down_proj.weight))
+        return _reduced(self.tp, self.down_proj(F.silu(gate) * up))
 
 
 class DecoderLayer(nn.Module):
@@ -118,10 +129,11 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, residual, positions, rotary, meta, kv_cache, backend: AttentionBackend):
         # Small steps' attention may ask L2 for the head of gate_up's weight (the backend decides).
-        nbytes = backend.l2_prefetch_bytes(x.shape[0], meta)
+        nbytes = backend.l2_prefetch_bytes(x.shape[0], meta) if not self.mlp.quantized else 0
         pf = self.mlp.l2_regions(nbytes) if nbytes else None
         k_ = self.self_attn.kernels
-        if k_ is not None and x.is_cuda and x.shape[0] <= k_.gemv_max_rows and not self.self_attn.qk_norm:
+        if k_ is not None and x.is_cuda and x.shape[0] <= k_.gemv_max_rows and not self.self_attn.qk_norm \
+                and not self.self_attn.quantized and not self.mlp.quantized:
             return self._forward_one_row(x, residual, positions, rotary, meta, kv_cache, backend, pf)
         if residual is None:
             residual = x
@@ -190,7 +202,13 @@ class CausalLM(nn.Module):
         return self.rotary
 
     @property
+    def device(self) -> torch.device:
+        """Where the model's tensors live."""
+        return self.model.norm.weight.device
+
+    @property
     def lm_head_weight(self) -> torch.Tensor:
+        """The dense LM head (the embedding when tied); a quantized model has none (compute_logits)."""
         return self.model.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -239,6 +257,10 @@ class CausalLM(nn.Module):
         return self._local_logits(hidden, out)
 
     def _local_logits(self, hidden: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+        head = self._modules.get("lm_head")
+        if isinstance(head, QuantLinear):  # quantized weights (the LM head of a tied model too)
+            logits = head(hidden)
+            return logits.float() if out is None else out.copy_(logits)
         k_ = self.kernels
         if k_ is not None and hidden.is_cuda:
             return k_.linear(hidden, self.lm_head_weight, out_dtype=torch.float32, out=out, options=k_.options)
@@ -284,14 +306,22 @@ def unfuse_projections(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[st
 
 
 def build_model(cfg: ModelConfig, state_dict: dict[str, torch.Tensor], device, dtype,
-                model_cls: type[CausalLM] | None = None) -> CausalLM:
+                model_cls: type[CausalLM] | None = None, modules: dict[str, nn.Module] | None = None) -> CausalLM:
     """Instantiate model_cls (default CausalLM) on the meta device, then bind the loaded tensors (no
-    double allocation beyond one layer's fused projections). state_dict may use Hugging Face's names or ours."""
+    double allocation beyond one layer's fused projections). state_dict may use Hugging Face's names or ours.
+    modules: submodules by path that replace the model's own, already on `device` (quantized layers,
+    loader/quantized.py); state_dict holds the rest."""
     with torch.device("meta"):
         model = (model_cls or CausalLM)(cfg)
+    for path, m in (modules or {}).items():
+        parent, _, attr = path.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, attr, m)
+    replaced = tuple(f"{p}." for p in (modules or {}))
     state_dict = fuse_projections(state_dict, cfg)
     missing = []
     for name, param in model.named_parameters():
+        if name.startswith(replaced):
+            continue
         t = state_dict.get(name)
         if t is None:
             missing.append(name)

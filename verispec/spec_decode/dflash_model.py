@@ -284,7 +284,7 @@ def target_fingerprint(target: CausalLM, name: str = "") -> dict:
     )
     ids = [1 + i * (c.vocab_size - 1) // (PROBE_ROWS + 1) for i in range(1, PROBE_ROWS + 1)]
     with torch.no_grad():
-        rows = target.model.embed_tokens.weight[torch.tensor(ids, device=target.lm_head_weight.device)]
+        rows = target.model.embed_tokens(torch.tensor(ids, device=target.device))  # quantized too
         probe = [[round(float(x), 5) for x in r] for r in rows[:, :PROBE_COLS].float().cpu()]
     blob = json.dumps({"shape": shape, "probe": [[round(x, 2) for x in r] for r in probe]}, sort_keys=True)
     return {"name": name, "shape": shape, "probe_ids": ids, "probe": probe,

@@ -67,8 +67,12 @@ CUDA_RATES = DeviceRates(3e12, 4e14, 150e-6, 0.55e-3, 25e-6, 5e-6, 65e-6, 13e-6)
 
 def analytic_forward(model: torch.nn.Module, rates: DeviceRates, num_layers: int) -> LinearForward:
     """A forward of `model`: launches + one weight read, plus 2 FLOPs per parameter and token."""
-    params = sum(p.numel() for p in model.parameters())
-    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    from verispec.models.layers.quant import QuantLinear, weight_nbytes
+
+    # quantized layers (quantization="gguf") hold their weights outside the parameters
+    params = sum(p.numel() for p in model.parameters()) + sum(
+        m.in_features * m.out_features for m in model.modules() if isinstance(m, QuantLinear))
+    nbytes = weight_nbytes(model)
     return LinearForward(rates.launch_per_layer * (num_layers + 1) + nbytes / rates.mem_bytes_per_s,
                          2.0 * params / rates.flops_per_s)
 

@@ -1,0 +1,88 @@
+"""quantization="gguf" on the CPU against the float32 dequantized reference, on the real 0.5B.
+
+The quantized path rounds activations, scales and outputs to bf16, so its logits are held to bf16-level
+agreement: on these prompts the bf16 dequantized path (dtype="bfloat16", quantization="none") is off
+the float32 logits by 1.1-5.7% at generated positions (relative norm, worst position; 23% at one
+prompt token), the quantized path by 0.6-2.4% (5.7% at that token) (2026-12-01). Greedy agreement over 64 tokens on 8 prompts (-m slow) is printed, not asserted token for
+token; only its teacher-forced aggregate is bounded.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_hf_parity import NUM_TOKENS, PROMPTS
+
+from verispec import SamplingParams
+from verispec.models.layers.quant import QuantEmbedding, QuantLinear, weight_nbytes
+
+QWEN05 = "qwen2.5-coder-0.5b-instruct"
+
+
+@pytest.fixture(scope="module")
+def llm_q(qwen05_path):
+    from verispec import LLM
+
+    return LLM(QWEN05, device="cpu", quantization="gguf", max_model_len=2048, async_scheduling=False)
+
+
+def _logits(llm, seq: list[int]) -> torch.Tensor:
+    """Logits at every position of one prefill over seq (float32)."""
+    from verispec.worker.inputs import SeqChunk, build_batch
+
+    engine = llm.engine
+    owned: list[int] = []
+    assert engine.blocks.allocate(owned, len(seq))
+    try:
+        inp, pos, meta = build_batch([SeqChunk(seq, 0, owned)], engine.blocks.block_size, engine.runner.device)
+        with torch.inference_mode():
+            hidden, _ = engine.runner.model(inp, pos, meta, engine.runner.kv_caches)
+            return engine.runner.model.compute_logits(hidden)
+    finally:
+        engine.blocks.free_blocks(owned)
+
+
+def test_the_default_on_cpu_is_quantized_and_the_reference_is_not(llm05, llm_q):
+    assert llm05.config.quantization == "none" and llm_q.config.quantization == "gguf"
+    ref, q = llm05.engine.parts.model, llm_q.engine.parts.model
+    assert not any(isinstance(m, QuantLinear | QuantEmbedding) for m in ref.modules())
+    kinds = {type(m) for m in q.modules()}
+    assert QuantLinear in kinds and QuantEmbedding in kinds
+    file_bytes = 469_000_000  # the Q4_K_M file holds ~0.49 B weights in 469 MB; float32 takes 2.5 GB
+    assert weight_nbytes(q) < 2 * file_bytes < weight_nbytes(ref) / 2
+
+
+def test_logits_match_the_float32_reference_at_bf16_level(llm05, llm_q):
+    """Prefill logits at every position of three prompts (plus their float32 greedy continuation's worth of
+    text, so positions past the prompt are covered too)."""
+    for text in (PROMPTS[0] + "\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
+                 PROMPTS[2], PROMPTS[4]):
+        seq = llm05.tokenizer.encode(text)
+        lr, lq = _logits(llm05, seq), _logits(llm_q, seq)
+        rel = (lq - lr).norm(dim=-1) / lr.norm(dim=-1)
+        # measured: median 0.004-0.005, worst 0.057 (at the chat prompt's <|im_end|>, where the bf16
+        # dequantized path is off by 0.233); bf16 dequantized elsewhere: 0.004-0.03
+        assert float(rel.median()) < 0.01 and float(rel.max()) < 0.1, (text[:20], rel)
+        assert float((lq.argmax(-1) == lr.argmax(-1)).float().mean()) > 0.9
+
+
+@pytest.mark.slow
+def test_greedy_agreement_over_64_tokens_on_8_prompts(llm05, llm_q):
+    """Reported per prompt (-s shows it; docs/BENCHMARKS.md has a run), bounded only in aggregate."""
+    ids = [llm05.tokenizer.encode(p) for p in PROMPTS]
+    sp = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True)
+    ref = [o.outputs[0].token_ids for o in llm05.generate(prompt_token_ids=ids, sampling_params=sp, use_tqdm=False)]
+    got = [o.outputs[0].token_ids for o in llm_q.generate(prompt_token_ids=ids, sampling_params=sp, use_tqdm=False)]
+    agree = []
+    for i, (r, g) in enumerate(zip(ref, got, strict=True)):
+        prefix = next((j for j, (a, b) in enumerate(zip(r, g, strict=True)) if a != b), NUM_TOKENS)
+        seq = ids[i] + r
+        lr = _logits(llm05, seq)[len(ids[i]) - 1 : -1]
+        lq = _logits(llm_q, seq)[len(ids[i]) - 1 : -1]
+        tf = float((lq.argmax(-1) == torch.tensor(r)).float().mean())
+        rel = float(((lq - lr).norm(dim=-1) / lr.norm(dim=-1)).max())
+        agree.append(tf)
+        print(f"prompt {i}: greedy common prefix {prefix}/{NUM_TOKENS}, teacher-forced argmax agreement "
+              f"{tf:.3f}, worst relative logits error {rel:.4f}")
+        assert rel < 0.04, f"prompt {i}: logits off by {rel:.4f} (bf16-level is < ~0.05)"
+    assert sum(agree) / len(agree) > 0.95, agree
