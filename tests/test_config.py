@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from verispec.config import DEFAULT_MODEL, EngineConfig, SpeculativeConfig, UnsupportedOption
+from verispec.config import DEFAULT_MODEL, EngineConfig, SpeculativeConfig
 from verispec.entrypoints.args import engine_config_from_args, engine_fields
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,8 +44,6 @@ BAD = {
     "distributed_timeout": 0,
     "batch_invariant": 0,
 }
-# Contract keywords the engine does not implement yet: accepted at their defaults, refused otherwise.
-UNSUPPORTED: dict = {}
 
 
 @pytest.fixture
@@ -104,14 +102,9 @@ def test_bad_value_names_the_field(name, no_load):
         LLM(**kw)  # before any load (no_load)
 
 
-@pytest.mark.parametrize("name", sorted(UNSUPPORTED))
-def test_contract_options_not_implemented_yet(name, no_load):
-    default = EngineConfig._field(name).default
-    assert getattr(EngineConfig(**{name: default}), name) == default
-    with pytest.raises(UnsupportedOption, match=f"{name}.*not supported yet") as err:
-        EngineConfig(**{name: UNSUPPORTED[name]})
-    assert isinstance(err.value, ValueError) and isinstance(err.value, NotImplementedError)
-    EngineConfig(quantization="none", batch_invariant=False)  # what the engine does anyway
+def test_every_contract_option_is_implemented(no_load):
+    """No option of the contract is refused as "not supported yet" at a valid value any more."""
+    EngineConfig(quantization="gguf", tensor_parallel_size=2, data_parallel_size=2, batch_invariant=True)
 
 
 def test_batch_invariant_needs_cuda(no_load):
@@ -262,7 +255,7 @@ def test_version():
     (("generate", "--speculative-config", "{not json"), "speculative-config"),
     (("serve", "--speculative-config", '{"method": "magic"}'), "method"),
     (("generate", "--max-num-seqs", "0"), "max_num_seqs"),
-    (("bench", "throughput", "--quantization", "gguf"), "not supported yet"),
+    (("bench", "throughput", "--quantization", "int4"), "quantization"),
     (("bench", "throughput", "--tensor-parallel-size", "0"), "tensor_parallel_size"),
 ])
 def test_bad_flags_end_at_once_with_one_line(argv, word):
