@@ -141,3 +141,59 @@ def test_async_device_drafts_with_penalties_match_sync(models, method):
         out[mode] = ([o.outputs[0].token_ids for o in res], m["spec_decode_num_draft_tokens"], m["spec_decode_num_accepted_tokens"])
     assert out[False][1] > 0
     assert out[True] == out[False]
+
+
+class DraftsPayOnlyWhenAccepted:
+    """A step cost under which only well-accepted drafts pay: with the tiny drafter the policy plans
+    k = 0 for stretches and probes now and then, so drafting steps follow steps that drafted nothing."""
+
+    def seconds(self, k: int, batch: int) -> float:
+        return 1.0 + 0.35 * k * batch
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_dflash_defers_context_of_undrafted_steps(models, dflash_dir, monkeypatch, async_scheduling):
+    """A step planned at k = 0 writes no drafter context: its features wait for the next drafting step.
+    The tokens and the acceptance counters equal those of writing the context at once every step
+    (OWED_MAX_ROWS = -1, the behaviour before), with fewer drafter context forwards."""
+    from verispec.spec_decode import dflash, dflash_model
+
+    calls = []
+    real_write = dflash_model.DFlashDrafter.write_context
+
+    def counting(self, *a, **kw):
+        calls.append(1)
+        return real_write(self, *a, **kw)
+
+    monkeypatch.setattr(dflash_model.DFlashDrafter, "write_context", counting)
+    logits = []  # every drafting step's drafter logits: they read the context K/V, so a missing or wrong
+    real_draft = dflash.DFlashProposer._draft_logits  # deferred write shows here even where drafts agree
+
+    def recording(self, *a, **kw):
+        out = real_draft(self, *a, **kw)
+        logits.append(out.detach().clone())
+        return out
+
+    monkeypatch.setattr(dflash.DFlashProposer, "_draft_logits", recording)
+    prompts, params = scenario_prompts(vocab_hi=VOCAB - 12), scenario_params(32)
+
+    def build(spec, a):
+        spec = {**spec, "model": str(dflash_dir), "adaptive": True}
+        return tiny_engine(models[0], spec=spec, async_scheduling=a, step_cost=DraftsPayOnlyWhenAccepted(), **STRESS)
+
+    cells, default = {}, dflash.OWED_MAX_ROWS
+    for cap in (default, -1):
+        monkeypatch.setattr(dflash, "OWED_MAX_ROWS", cap)
+        calls.clear()
+        logits.clear()
+        toks, counters, m, eng = run_scenario(build, "dflash", async_scheduling, prompts, params)
+        cells[cap] = (toks, counters, len(calls), list(logits))
+    (d_toks, d_c, d_calls, d_logits), (i_toks, i_c, i_calls, i_logits) = cells[default], cells[-1]
+    assert d_toks == i_toks
+    assert d_c == i_c
+    assert len(d_logits) == len(i_logits) > 0
+    for a, b in zip(d_logits, i_logits, strict=True):  # batched context writes may round differently
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert d_c["spec_decode_num_drafts"] > 0  # drafting steps happened, after k = 0 stretches:
+    assert d_c["spec_decode_num_drafts"] < sum(p.max_tokens for p in params)  # not every step drafted
+    assert d_calls < i_calls

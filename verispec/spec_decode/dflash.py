@@ -65,6 +65,9 @@ def build_dflash_proposer(sc, target: CausalLM, device, dtype, config) -> tuple[
     return prop, per_block
 
 
+OWED_MAX_ROWS = 4096  # deferred context rows (DFlashProposer._owed) past which they are written at once
+
+
 class DFlashProposer(Proposer):
     """Drafts min(k, B-1) tokens per request from one block-parallel drafter forward. Drafts stay
     on the device (Proposal.device); the block's first token is read from the device when the host
@@ -91,6 +94,13 @@ class DFlashProposer(Proposer):
         # committed positions whose context K/V are not written yet, and the step's captured features.
         self._pending: dict[str, tuple[list[int], list[int], list[int]]] = {}
         self._captured: list[torch.Tensor] = []
+        # Context K/V deferred from steps that draft nothing (the policy's k = 0): per request, the
+        # features (gathered out of that step's captured buffers, on the device), positions and slots of
+        # its committed positions. Written in one forward before the next step that drafts (for every
+        # request: a prefix hit may read another request's blocks), when their request is freed, or once
+        # OWED_MAX_ROWS pile up. So a step planned at 0 costs a gather, not a drafter forward.
+        self._owed: dict[str, list[tuple[torch.Tensor, list[int], list[int]]]] = {}
+        self._owed_rows = 0
 
     def bind(self, num_blocks: int, block_size: int, max_model_len: int) -> None:
         super().bind(num_blocks, block_size, max_model_len)
@@ -101,6 +111,11 @@ class DFlashProposer(Proposer):
     def free_request(self, request_id: str) -> None:
         self.state.pop(request_id, None)
         self.generators.free(request_id)
+        if request_id in self._owed or request_id in self._pending:
+            # Its context K/V not written yet are written now, while its blocks hold nothing else: a
+            # prefix hit may already count on them (block_hash), and the blocks may go to another request.
+            self._flush_context(keep=set(self._pending) - {request_id})
+            self._pending.pop(request_id, None)
 
     def consumed(self, request_id: str) -> int | None:
         """Positions of the request whose context the drafter holds (None: unknown request)."""
@@ -164,20 +179,42 @@ class DFlashProposer(Proposer):
                     self.block_hash[req.block_ids[i]] = st.chain
                 st.next_block += 1
 
+    def _gather(self, rows: list[int]) -> torch.Tensor:
+        """The drafter's input features of these rows of the step's captured target layers."""
+        idx = to_device(rows, torch.long, self.device)
+        return torch.cat([c[idx] for c in self._captured], dim=-1).to(self.dtype)
+
     def _flush_context(self, keep: set[str]) -> None:
-        """Write the pending context K/V of every request not in `keep` now (one batched forward)."""
+        """Write the deferred context K/V and the pending context K/V of every request not in `keep` now
+        (one batched forward)."""
         rows, positions, slots = [], [], []
         for rid, (r, p, sl) in self._pending.items():
             if rid not in keep:
                 rows += r
                 positions += p
                 slots += sl
-        if not rows:
+        parts = [f for chunks in self._owed.values() for f, _, _ in chunks]
+        if not rows and not parts:
             return
+        owed_pos = [x for chunks in self._owed.values() for _, p, _ in chunks for x in p]
+        owed_slots = [x for chunks in self._owed.values() for _, _, sl in chunks for x in sl]
+        if rows:
+            parts.append(self._gather(rows))
         dev = self.device
-        feats = torch.cat([c[to_device(rows, torch.long, dev)] for c in self._captured], dim=-1).to(self.dtype)
-        self.drafter.write_context(feats, to_device(positions, torch.long, dev), to_device(slots, torch.long, dev),
-                                   self.kv)
+        self.drafter.write_context(torch.cat(parts) if len(parts) > 1 else parts[0],
+                                   to_device(owed_pos + positions, torch.long, dev),
+                                   to_device(owed_slots + slots, torch.long, dev), self.kv)
+        self._owed, self._owed_rows = {}, 0
+
+    def _defer_context(self) -> None:
+        """A step that drafts nothing: keep its pending context (features gathered now, as the captured
+        buffers are the next step's) for the next drafting step."""
+        for rid, (r, p, sl) in self._pending.items():
+            self._owed.setdefault(rid, []).append((self._gather(r), p, sl))
+            self._owed_rows += len(r)
+        self._pending = {}
+        if self._owed_rows > OWED_MAX_ROWS:
+            self._flush_context(set())
 
     # ---- drafting --------------------------------------------------------------------------
     @torch.inference_mode()
@@ -189,8 +226,7 @@ class DFlashProposer(Proposer):
             if k > 0 and st is not None and st.consumed == r.num_tokens - 1:
                 todo.append((r, k, st))
         if not todo:
-            self._flush_context(set())
-            self._pending = {}
+            self._defer_context()
             return out
         logits = self._draft_logits(todo, sources or {})
         self._pending = {}
