@@ -99,14 +99,10 @@ def test_real_batch_one_equals_batch_n(real, prompts, baseline, method):
             assert eng.get_metrics()["spec_decode_num_drafts"] > 0
 
 
-def parity_cell(real, prompts, spec, exact: bool = True) -> None:
+def parity_cell(real, prompts, spec) -> None:
     """The parity matrix cell with real weights: forced preemption, small chunked prefill,
     prefix-cache hits, requests finishing mid-batch, mixed temperatures with seeds; the synchronous and
-    the overlapped loop give the same tokens and the same acceptance counters (per position too).
-    exact=False (the adaptive policy): the greedy requests' tokens only. Where the two loops' steps hold
-    different requests (the overlapped loop publishes prefix hashes a step later, and preemption follows),
-    the policy may plan differently, so counters and sampled tokens may differ by design
-    (docs/ARCHITECTURE.md, "Same decisions in both loops"); greedy tokens never do."""
+    the overlapped loop give the same tokens and the same acceptance counters (per position too)."""
     shared = prompts[1][:40]
     # r0 runs alone first and publishes the shared prefix that r1 and r3 then hit.
     ps = [prompts[1], shared + prompts[2], prompts[3], shared + prompts[0][:5], prompts[2], prompts[0]]
@@ -120,12 +116,8 @@ def parity_cell(real, prompts, spec, exact: bool = True) -> None:
             return build(real, spec_, a, **{**STRESS, "num_gpu_blocks": 11, **cost})
         cells[mode] = run_scenario(make, spec, mode, ps, params)
     (s_toks, s_c, s_m, _), (a_toks, a_c, _, eng) = cells[False], cells[True]
-    if exact:
-        assert a_toks == s_toks
-        assert a_c == s_c
-    else:
-        greedy = [i for i, p in enumerate(params) if p.temperature == 0]
-        assert [a_toks[i] for i in greedy] == [s_toks[i] for i in greedy]
+    assert a_toks == s_toks
+    assert a_c == s_c
     assert s_m["num_preemptions"] > 0
     assert s_m["prefix_cache_hits"] > 0
     if spec:
@@ -159,22 +151,27 @@ def real_drafter(real, tmp_path_factory) -> str:
     return str(path)
 
 
-CUDA_CELLS = [("dflash", False), ("ngram", True), ("self", True), ("draft_model", True), ("dflash", True)]
+CUDA_CELLS = [("dflash", False), ("ngram", True), ("self", True), ("draft_model", True),
+              pytest.param("dflash", True, marks=pytest.mark.xfail(strict=True, reason=(
+                  "known sync/async divergence, session 10 (CPU dry run, --gate-device cpu): under 11 blocks "
+                  "the two loops' plans part at one step (a request the synchronous loop plans over is not "
+                  "in the overlapped loop's set), then reserve preempts differently and the sampled "
+                  "request's tokens differ; not yet explained")))]
 
 
 @pytest.mark.parametrize("target", CUDA_ONLY, scope="module")
 @pytest.mark.parametrize("method, adaptive", CUDA_CELLS,
-                         ids=[f"{m}-{'adaptive' if a else 'pinned'}" for m, a in CUDA_CELLS])
+                         ids=["dflash-pinned", "ngram-adaptive", "self-adaptive", "draft_model-adaptive",
+                              "dflash-adaptive"])
 def test_real_sync_async_parity_more(real, prompts, method, adaptive, request):
-    """The rest of the matrix where it is cheap (CUDA): dflash, and the adaptive policy (greedy tokens;
-    parity_cell says why not the counters: dflash-adaptive's sampled request 4 differed between the loops
-    in a CPU dry run of this cell)."""
+    """The rest of the matrix where it is cheap (CUDA): dflash, and the adaptive policy (same inputs in
+    both loops, so same plans: exact tokens and counters; dflash-adaptive is a known failure, xfail)."""
     from parity import SPECS
 
     spec = {**SPECS[method], "adaptive": adaptive}
     if method == "dflash":
         spec["model"] = request.getfixturevalue("real_drafter")
-    parity_cell(real, prompts, spec, exact=not adaptive)
+    parity_cell(real, prompts, spec)
 
 
 @pytest.mark.slow
