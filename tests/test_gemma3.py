@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny import hf_logits, prefill_logits
 
 from verispec import SamplingParams
 from verispec.config import EngineConfig, SpeculativeConfig
@@ -37,11 +38,6 @@ def long_prompts() -> list[str]:
     return ["".join(rows[i : i + 6]) for i in (0, 20, 60, 120)]
 
 
-def hf_logits(hf, seq: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return hf(torch.tensor([seq])).logits[0].float()
-
-
 def greedy(llm, ids: list[list[int]], n: int) -> list[list[int]]:
     sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
     return [list(o.outputs[0].token_ids) for o in llm.generate(prompt_token_ids=ids, sampling_params=sp, use_tqdm=False)]
@@ -52,21 +48,6 @@ def assert_teacher_forced(hf, prompt_ids: list[int], toks: list[int]) -> None:
     hf_next = logits[len(prompt_ids) - 1 : -1].argmax(-1).tolist()
     mismatch = [i for i, (a, b) in enumerate(zip(hf_next, toks, strict=True)) if a != b]
     assert not mismatch, f"prompt {prompt_ids[:8]}...: first divergence at generated token {mismatch[:1]}"
-
-
-def our_last_logits(llm, seq: list[int]) -> torch.Tensor:
-    from verispec.worker.inputs import SeqChunk, build_batch
-
-    engine = llm.engine
-    owned: list[int] = []
-    assert engine.blocks.allocate(owned, len(seq))
-    try:
-        inp, pos, meta = build_batch([SeqChunk(seq, 0, owned)], engine.blocks.block_size, engine.runner.device)
-        with torch.inference_mode():
-            hidden, _ = engine.runner.model(inp, pos, meta, engine.runner.kv_caches)
-            return engine.runner.model.compute_logits(hidden[-1:])[0]
-    finally:
-        engine.blocks.free_blocks(owned)
 
 
 class shrunk_window:
@@ -141,7 +122,7 @@ def test_greedy_and_logits_with_shrunk_window(llm_gemma, hf_gemma):
             assert_teacher_forced(hf_gemma, prompt_ids, toks)
         seq = ids[0] + outs[0][:-1]
         ref = hf_logits(hf_gemma, seq)[-1]
-        got = our_last_logits(llm_gemma, seq)
+        got = prefill_logits(llm_gemma, seq, last=True)
         assert float((got - ref).norm() / ref.norm()) < 1e-3
 
 
@@ -157,7 +138,7 @@ def test_greedy_matches_transformers_8_prompts(llm_gemma, hf_gemma):
     for prompt_ids, toks in list(zip(ids, outs, strict=True))[2:6]:
         seq = prompt_ids + toks[:-1]
         ref = hf_logits(hf_gemma, seq)[-1]
-        got = our_last_logits(llm_gemma, seq)
+        got = prefill_logits(llm_gemma, seq, last=True)
         assert float((got - ref).norm() / ref.norm()) < 1e-3
         assert int(got.argmax()) == toks[-1]
 

@@ -9,7 +9,7 @@ step must agree within 1e-3 relative.
 from __future__ import annotations
 
 import pytest
-import torch
+from tiny import hf_logits, prefill_logits
 
 from verispec import SamplingParams
 
@@ -34,11 +34,6 @@ def ours(llm05):
     return [(i, o.outputs[0].token_ids) for i, o in zip(ids, outs, strict=True)]
 
 
-def hf_logits(hf, seq: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return hf(torch.tensor([seq])).logits[0].float()
-
-
 def test_greedy_matches_transformers_token_for_token(hf05, ours):
     for prompt_ids, toks in ours:
         assert len(toks) == NUM_TOKENS
@@ -49,21 +44,10 @@ def test_greedy_matches_transformers_token_for_token(hf05, ours):
 
 
 def test_last_step_logits_match_transformers(hf05, llm05, ours):
-    from verispec.worker.inputs import SeqChunk, build_batch
-
-    engine = llm05.engine
     for prompt_ids, toks in ours[:4]:
         seq = prompt_ids + toks[:-1]
         ref = hf_logits(hf05, seq)[-1]
-        owned: list[int] = []
-        assert engine.blocks.allocate(owned, len(seq))
-        try:
-            inp, pos, meta = build_batch([SeqChunk(seq, 0, owned)], engine.blocks.block_size, engine.runner.device)
-            with torch.inference_mode():
-                hidden, _ = engine.runner.model(inp, pos, meta, engine.runner.kv_caches)
-                got = engine.runner.model.compute_logits(hidden[-1:])[0]
-        finally:
-            engine.blocks.free_blocks(owned)
+        got = prefill_logits(llm05, seq, last=True)
         rel = float((got - ref).norm() / ref.norm())
         assert rel < 1e-3, rel
         assert int(got.argmax()) == toks[-1]

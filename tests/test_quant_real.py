@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from test_hf_parity import NUM_TOKENS, PROMPTS
+from tiny import prefill_logits
 
 from verispec import SamplingParams
 from verispec.models.layers.quant import QuantEmbedding, QuantLinear, weight_nbytes
@@ -24,22 +25,6 @@ def llm_q(qwen05_path):
     from verispec import LLM
 
     return LLM(QWEN05, device="cpu", quantization="gguf", max_model_len=2048, async_scheduling=False)
-
-
-def _logits(llm, seq: list[int]) -> torch.Tensor:
-    """Logits at every position of one prefill over seq (float32)."""
-    from verispec.worker.inputs import SeqChunk, build_batch
-
-    engine = llm.engine
-    owned: list[int] = []
-    assert engine.blocks.allocate(owned, len(seq))
-    try:
-        inp, pos, meta = build_batch([SeqChunk(seq, 0, owned)], engine.blocks.block_size, engine.runner.device)
-        with torch.inference_mode():
-            hidden, _ = engine.runner.model(inp, pos, meta, engine.runner.kv_caches)
-            return engine.runner.model.compute_logits(hidden)
-    finally:
-        engine.blocks.free_blocks(owned)
 
 
 def test_the_default_on_cpu_is_quantized_and_the_reference_is_not(llm05, llm_q):
@@ -58,7 +43,7 @@ def test_logits_match_the_float32_reference_at_bf16_level(llm05, llm_q):
     for text in (PROMPTS[0] + "\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
                  PROMPTS[2], PROMPTS[4]):
         seq = llm05.tokenizer.encode(text)
-        lr, lq = _logits(llm05, seq), _logits(llm_q, seq)
+        lr, lq = prefill_logits(llm05, seq), prefill_logits(llm_q, seq)
         rel = (lq - lr).norm(dim=-1) / lr.norm(dim=-1)
         # measured: median 0.004-0.005, worst 0.057 (at the chat prompt's <|im_end|>, where the bf16
         # dequantized path is off by 0.233); bf16 dequantized elsewhere: 0.004-0.03
@@ -77,8 +62,8 @@ def test_greedy_agreement_over_64_tokens_on_8_prompts(llm05, llm_q):
     for i, (r, g) in enumerate(zip(ref, got, strict=True)):
         prefix = next((j for j, (a, b) in enumerate(zip(r, g, strict=True)) if a != b), NUM_TOKENS)
         seq = ids[i] + r
-        lr = _logits(llm05, seq)[len(ids[i]) - 1 : -1]
-        lq = _logits(llm_q, seq)[len(ids[i]) - 1 : -1]
+        lr = prefill_logits(llm05, seq)[len(ids[i]) - 1 : -1]
+        lq = prefill_logits(llm_q, seq)[len(ids[i]) - 1 : -1]
         tf = float((lq.argmax(-1) == torch.tensor(r)).float().mean())
         rel = float(((lq - lr).norm(dim=-1) / lr.norm(dim=-1)).max())
         agree.append(tf)

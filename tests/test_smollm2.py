@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny import hf_logits, prefill_logits
 
 from verispec import SamplingParams
 
@@ -54,26 +55,6 @@ def hf(smol_path):
                                                 dtype=torch.float32).eval()
 
 
-def hf_logits(hf, seq: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return hf(torch.tensor([seq])).logits[0].float()
-
-
-def our_last_logits(llm, seq: list[int]) -> torch.Tensor:
-    from verispec.worker.inputs import SeqChunk, build_batch
-
-    engine = llm.engine
-    owned: list[int] = []
-    assert engine.blocks.allocate(owned, len(seq))
-    try:
-        inp, pos, meta = build_batch([SeqChunk(seq, 0, owned)], engine.blocks.block_size, engine.runner.device)
-        with torch.inference_mode():
-            hidden, _ = engine.runner.model(inp, pos, meta, engine.runner.kv_caches)
-            return engine.runner.model.compute_logits(hidden[-1:])[0]
-    finally:
-        engine.blocks.free_blocks(owned)
-
-
 def check(llm, hf, prompts: list[str], num_tokens: int) -> None:
     ids = [llm.tokenizer.encode_prompt(p) for p in prompts]
     sp = SamplingParams(temperature=0.0, max_tokens=num_tokens, ignore_eos=True)
@@ -84,7 +65,7 @@ def check(llm, hf, prompts: list[str], num_tokens: int) -> None:
         hf_next = logits[len(prompt_ids) - 1 : -1].argmax(-1).tolist()
         mismatch = [i for i, (a, b) in enumerate(zip(hf_next, toks, strict=True)) if a != b]
         assert not mismatch, f"prompt {prompt_ids[:8]}...: first divergence at generated token {mismatch[:1]}"
-        ref, got = logits[-2], our_last_logits(llm, prompt_ids + toks[:-1])
+        ref, got = logits[-2], prefill_logits(llm, prompt_ids + toks[:-1], last=True)
         assert float((got - ref).norm() / ref.norm()) < 1e-3
         assert int(got.argmax()) == toks[-1]
 

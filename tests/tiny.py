@@ -175,3 +175,27 @@ class MetadataBackend(ReferenceBackend):
 
     def forward(self, q, kv_cache, meta, scale, prefetch=None, window=0):
         return metadata_attention(q, kv_cache, meta, scale, window)
+
+
+def hf_logits(hf, seq: list[int]) -> torch.Tensor:
+    """A transformers model's float32 logits at every position of seq."""
+    with torch.no_grad():
+        return hf(torch.tensor([seq])).logits[0].float()
+
+
+def prefill_logits(llm, seq: list[int], last: bool = False) -> torch.Tensor:
+    """One prefill of seq through an LLM's model and KV cache (blocks borrowed and given back): its float32
+    logits at every position, or (last=True) at the last one only."""
+    from verispec.worker.inputs import SeqChunk, build_batch
+
+    engine = llm.engine
+    owned: list[int] = []
+    assert engine.blocks.allocate(owned, len(seq))
+    try:
+        inp, pos, meta = build_batch([SeqChunk(seq, 0, owned)], engine.blocks.block_size, engine.runner.device)
+        with torch.inference_mode():
+            hidden, _ = engine.runner.model(inp, pos, meta, engine.runner.kv_caches)
+            logits = engine.runner.model.compute_logits(hidden[-1:] if last else hidden)
+        return logits[0] if last else logits
+    finally:
+        engine.blocks.free_blocks(owned)

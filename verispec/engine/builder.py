@@ -120,8 +120,8 @@ def freeze_gc() -> float:
 
 
 def build_engine_parts(config: EngineConfig, faults: Faults = NO_FAULTS) -> EngineParts:
-    """Load the model named in config and assemble everything around it (tensor_parallel_size > 1: rank
-    0's shard here, after starting the other ranks)."""
+    """Load the model named in config (resolved: resolve_config) and assemble everything around it
+    (tensor_parallel_size > 1: rank 0's shard here, after starting the other ranks)."""
     t0 = time.monotonic()
     device, dtype = resolve_device_dtype(config.device, config.dtype)
     if config.tensor_parallel_size > 1:
@@ -129,9 +129,7 @@ def build_engine_parts(config: EngineConfig, faults: Faults = NO_FAULTS) -> Engi
             raise ValueError("quantization='gguf' does not run with tensor_parallel_size > 1 yet; "
                              "use quantization='none'")
         return _build_tensor_parallel(config, faults, device, dtype, t0)
-    quantization = config.quantization or default_quantization(config.model, device, config.dtype,
-                                                               config.tensor_parallel_size)
-    tok, cfg, model = load_model(config.model, device, dtype, quantization=quantization)
+    tok, cfg, model = load_model(config.model, device, dtype, quantization=config.quantization)
     return assemble_parts(config, tok, model, device, dtype, t0, faults)
 
 
