@@ -237,6 +237,72 @@ def test_stopped_and_resumed_run_equals_uninterrupted(tmp_path, capsys):
     assert not all(torch.equal(a[k], mid[k]) for k in a)  # 2 steps short of it differs: the test can fail
 
 
+def _tiny_run(tmp_path: Path, name: str, *extra: str) -> dict:
+    """train-drafter on 8 fixed random sequences (tiny target, no generation); its train_log.json."""
+    from verispec.entrypoints.cli import build_parser, dispatch
+    from verispec.spec_decode.dflash_model import new_config
+    from verispec.train.cli import cmd_train_drafter
+    from verispec.train.data import pick_mask_token
+
+    model = tiny_model()
+    vocab = model.config.vocab_size
+    rng = torch.Generator().manual_seed(0)
+    seqs = [tdata.Seq(torch.randint(100, vocab, (6,), generator=rng).tolist(),
+                      torch.randint(100, vocab, (10,), generator=rng).tolist(), g, 0.0) for g in range(8)]
+    eng = tiny_engine(model)
+    fp = new_config(model, "tiny", pick_mask_token(eng.tokenizer, vocab), 4, 1).target_fingerprint["sha256"]
+    out = tmp_path / name
+    out.mkdir()
+    tdata.save_sequences(out / "sequences.jsonl", seqs, fp)
+    argv = ["train-drafter", "--target", "tiny", "--out", str(out), "--minutes", "30", "--device", "cpu",
+            "--sequences", str(out / "sequences.jsonl"), "--batch-seqs", "3", "--anchors", "3", "--block-size", "4",
+            "--layers", "1", "--warmup", "2", "--save-dtype", "float32", *extra]
+    args = build_parser().parse_args(argv)
+    assert dispatch(args, lambda a: cmd_train_drafter(a, engine_factory=lambda o: tiny_engine(model))) == 0
+    return json.loads((out / "train_log.json").read_text())
+
+
+def test_epoch_cap_ends_training(tmp_path):
+    """--max-epochs 2 over the 7 training sequences (one of the 8 prompts is held out) at 3 per batch ends
+    after ceil(2 * 7 / 3) = 5 steps, complete, well inside the time budget."""
+    log = _tiny_run(tmp_path, "cap", "--max-epochs", "2")
+    assert log["num_train_sequences"] == 7 and log["epoch_cap_steps"] == 5
+    assert log["steps"] == 5 and log["complete"] and log["epochs"] == round(5 * 3 / 7, 2)
+
+
+def test_validation_is_checked_every_n_steps(tmp_path):
+    """--val-every 2 over 8 steps: validation losses at steps 2, 4, 6 and at the end; the log names the
+    lowest and the step whose weights were saved (BestWeights, below, keeps and restores them)."""
+    log = _tiny_run(tmp_path, "best", "--val-every", "2", "--max-steps", "8")
+    curve = log["val_curve"]
+    assert [s for s, _ in curve] == [2, 4, 6, 8]
+    losses = [v for _, v in curve]
+    assert log["best_val_loss"] == min(losses) and log["saved_step"] == curve[losses.index(min(losses))][0]
+
+
+def test_best_weights_restore_exactly():
+    """BestWeights keeps a copy at its lowest loss and puts exactly those weights back."""
+    from verispec.spec_decode.dflash_model import DFlashDrafter, new_config
+    from verispec.train.loop import BestWeights
+    from verispec.train.options import TrainOptions
+
+    model = tiny_model()
+    d = DFlashDrafter(new_config(model, "tiny", 4095, block_size=4, num_layers=1))
+    d.init_weights(0)
+    rng = torch.Generator().manual_seed(1)
+    val = [tdata.Sample(t, model.hidden_features(t[None], d.config.target_layers)[0] if hasattr(model, "hidden_features")
+                        else torch.randn(t.numel(), len(d.config.target_layers) * model.config.hidden_size), 4)
+           for t in [torch.randint(100, model.config.vocab_size, (12,), generator=rng) for _ in range(3)]]
+    best = BestWeights(val, TrainOptions(target="tiny", out="x", batch_seqs=2, anchors=2))
+    good = {k: v.clone() for k, v in d.state_dict().items()}
+    first = best.check(d, model, 1)
+    with torch.no_grad():
+        for p in d.parameters():
+            p.mul_(40.0)
+    assert best.check(d, model, 2) > first and best.step == 1
+    assert best.restore(d) and all(torch.equal(good[k], v) for k, v in d.state_dict().items())
+
+
 @pytest.mark.slow
 def test_magpie_on_the_real_05b(tmp_path):
     """The real 0.5B instruct model writes its own requests (CPU, minutes), kept by the filter, varied, none a

@@ -27,7 +27,8 @@ from verispec.core.placeholder import PLACEHOLDER
 from verispec.core.request import Request
 from verispec.core.scheduler_output import ScheduledRequest
 from verispec.worker.batch import SENTINEL_ID, row_index
-from verispec.worker.sampler import RowParams, probs_from_logits, row_params
+from verispec.worker.sampler import RowParams, probs_from_logits, row_params, sample_by_key
+from verispec.worker.sampling_keys import key32
 from verispec.worker.verifier import AuditSources, Verifier, verify_greedy
 
 N = 100_000
@@ -243,3 +244,49 @@ def test_audit_agrees_with_the_device_path():
     assert (result.audited, result.mismatches) == (n, 0)
     assert result.accepted == {rid: len(t) - 1 for rid, t in sampled.items()}
     assert 0 < sum(result.accepted.values()) < n * k  # some drafts accepted, some rejected
+
+
+def test_exponential_race_follows_the_distribution():
+    """sample_by_key over 100,000 keys (one row each): the draws follow p, and a zero-probability token is
+    never drawn; one key always gives the same token."""
+    p = torch.tensor([0.0, 0.5, 0.0, 0.3, 0.15, 0.05, 0.0, 0.0])
+    keys = torch.tensor([key32(k) for k in range(N)])
+    drawn = sample_by_key(p.expand(N, -1), keys)
+    counts = np.bincount(drawn.numpy(), minlength=V).astype(float)
+    assert counts[p.numpy() == 0].sum() == 0
+    assert tv(counts, p.numpy()) < TV_BOUND
+    assert torch.equal(sample_by_key(p.expand(N, -1), keys), drawn)
+
+
+def test_key32_is_uniform():
+    """key32 over consecutive keys: 32-bit values whose top bits fill 16 bins evenly."""
+    k = np.array([key32(i) for i in range(100_000)])
+    assert k.min() >= 0 and k.max() < 2**32
+    hist = np.bincount(k >> 28, minlength=16)
+    assert np.abs(hist - 6250).max() < 400  # ~5 sigma of a binomial(100k, 1/16)
+
+
+def test_undrafted_sampled_rows_do_not_depend_on_the_batch():
+    """A seeded request's sampled token is the same alone, among other requests in any order, and beside
+    drafted rows (the undrafted rows are drawn together, each from its own key)."""
+    g = torch.Generator().manual_seed(9)
+    logits = torch.randn(6, V, generator=g)
+    params = [SamplingParams(temperature=1.0, seed=100 + i, max_tokens=None) for i in range(6)]
+
+    def draw(order: list[int], k_of: dict[int, int]) -> dict[int, int]:
+        sampling, rows, r0 = [], [], 0
+        for i in order:
+            k = k_of.get(i, 0)
+            sampling.append((ScheduledRequest(Request(f"q{i}", [0], params[i]), 0, k + 1, k), r0))
+            rows += [logits[i]] * (k + 1)
+            r0 += k + 1
+        kmax = max(k_of.values(), default=0)
+        drafts = torch.full((len(order), kmax), 1, dtype=torch.long) if kmax else None
+        tokens, _, _ = verify(Verifier(CPU, seed=3), torch.stack(rows).clone(), sampling, drafts)
+        return {i: int(tokens[j, 0]) for j, i in enumerate(order) if not k_of.get(i)}
+
+    alone = {i: draw([i], {})[i] for i in range(6)}
+    assert draw([5, 3, 1, 0, 2, 4], {}) == alone
+    mixed = draw([0, 1, 2, 3, 4, 5], {1: 2, 4: 3})
+    assert mixed == {i: alone[i] for i in (0, 2, 3, 5)}
+    assert len(set(alone.values())) > 1  # the seeds give different draws, not one constant

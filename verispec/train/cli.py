@@ -25,6 +25,10 @@ _NUMERIC_FLAGS: list[tuple[str, type, str]] = [
     ("lr", float, "peak learning rate"),
     ("ckpt-every", int, "training steps between checkpoints"),
     ("max-steps", int, "stop after this many training steps (None: when the time budget ends)"),
+    ("max-epochs", float, "stop after this many passes over the training sequences (0: no cap); more only "
+                          "memorizes them"),
+    ("val-every", int, "training steps between validation losses; the drafter saved is the one with the "
+                       "lowest (0: the last)"),
     ("temperature", float, "sampling temperature of each prompt's first response (0: greedy)"),
     ("max-num-seqs", int, "the target engine's max_num_seqs while generating"),
     ("max-prompt-tokens", int, "prompts longer than this are skipped"),

@@ -28,15 +28,21 @@ re-extracts the features (deterministic); with --max-steps and float32 state it 
 weights of an uninterrupted run (the batches' generator, AdamW's moments and the step-based schedule
 are restored). Without --max-steps the cosine follows wall time, so a resumed run is close, not equal.
 
+Training stops at --max-epochs passes over the training sequences (10: session 10's run made 63 passes
+over 5,675 sequences and memorized them: training loss 0.07, validation loss 6.37), and the drafter saved
+is the one with the lowest validation loss, checked every --val-every steps (BestWeights; within one
+invocation: a resumed run compares its own checks only).
+
 Default run on one H200 (`verispec train-drafter --target qwen2.5-coder-1.5b-instruct --out DIR`,
-15 minutes after the target loads), estimated from session 3's measured rates (verispec generated 27k
-tok/s, features 62k tok/s, 19 training steps/s; docs/BENCHMARKS.md): generation <= 360 s (0.4): Magpie
-first turns, 12,000 candidates <= 200 tokens for 8,000 requests (45-90 s: at most 25% of it), 2,000
-stdlib stubs, 10,000 first responses <= 256 tokens (~100 s), ~2,000 second turns and their responses,
-then sampled extras until the 60 GiB feature cap (~4.2M tokens at 5 layers x 1536 x bf16; ~13k
-sequences) stops it, likely near 250 s; features ~70 s; training the rest, ~550 s (~10k steps at
-batch 32 x 16 anchors); evaluation and saving <= 30 s. Files: sequences.jsonl ~30 MB (gzip ~12 MB),
-model.safetensors 211 MB (bf16), train_state/ 1.26 GB (float32; 0.84 GB with --state-dtype bfloat16).
+15 minutes after the target loads). Session 10 measured generation at 5.8k tok/s: every sampled row
+(Magpie turns at temperature 1, extra responses at 0.7) cost its own kernels; they are now drawn together
+(worker/verifier.py), so generation should run near plain decoding's batched rate (~25k tok/s at 256
+sequences with top-p sorting; a prediction, to be measured). Then: generation <= 450 s (0.5), of it at
+most 25% for 8,000 Magpie first turns of <= 320 tokens, 2,000 stdlib stubs, 10,000 first responses
+<= 256 tokens, ~2,000 second turns, sampled extras until the 80 GiB feature cap (~5.6M tokens at
+5 layers x 1536 x bf16; ~18k sequences) stops it; features ~40 s; training until the epoch cap (~5,600
+steps at batch 32, ~300 s) or the budget. Files: sequences.jsonl ~40 MB (gzip ~15 MB), model.safetensors
+211 MB (bf16), train_state/ 1.26 GB (float32; 0.84 GB with --state-dtype bfloat16).
 The GPU commands (the 15 minutes split over two <= 10-minute calls, then the held-out measurement):
 scripts/gpu_train_dflash.sh.
 """
@@ -242,12 +248,68 @@ class Progress:
     ema: float | None = None
 
 
-def schedule_frac(opts: TrainOptions, step: int, train_seconds: float, train_total: float) -> float:
+def schedule_frac(opts: TrainOptions, step: int, train_seconds: float, train_total: float,
+                  step_cap: int | None = None) -> float:
     """The cosine's progress: step / --max-steps when that is set (deterministic, so a resumed run repeats an
-    uninterrupted one exactly), else the training time spent over the training time of the budget."""
+    uninterrupted one exactly), else the training time spent over the training time of the budget, or the
+    steps over the --max-epochs cap when that comes first."""
     if opts.max_steps:
         return step / opts.max_steps
-    return train_seconds / max(train_total, 1e-6)
+    frac = train_seconds / max(train_total, 1e-6)
+    return max(frac, step / step_cap) if step_cap else frac
+
+
+def epoch_cap(opts: TrainOptions, num_train: int) -> int | None:
+    """The step at which --max-epochs passes over num_train sequences are done (None: no cap)."""
+    if opts.max_epochs <= 0:
+        return None
+    return max(1, math.ceil(opts.max_epochs * num_train / opts.batch_seqs))
+
+
+@dataclass
+class BestWeights:
+    """The drafter's weights at its lowest validation loss so far (a device copy), checked every --val-every
+    steps on a fixed draw of anchors over at most 4 batches of the validation sequences."""
+
+    val: list[Sample]
+    opts: TrainOptions
+    loss: float = math.inf
+    step: int = -1
+    state: dict | None = None
+    curve: list | None = None
+
+    def check(self, drafter: DFlashDrafter, target: CausalLM, step: int) -> float:
+        """Validation loss now; keeps a copy of the weights when it is the lowest."""
+        loss = quick_val_loss(drafter, target, self.val[: 4 * self.opts.batch_seqs], self.opts)
+        self.curve = (self.curve or []) + [[step, round(loss, 4)]]
+        if loss < self.loss:
+            self.loss, self.step = loss, step
+            self.state = {k: v.detach().clone() for k, v in drafter.state_dict().items()}
+        return loss
+
+    def restore(self, drafter: DFlashDrafter) -> bool:
+        """Load the best weights into drafter; False when there are none."""
+        if self.state is None:
+            return False
+        drafter.load_state_dict(self.state)
+        return True
+
+
+@torch.no_grad()
+def quick_val_loss(drafter: DFlashDrafter, target: CausalLM, val: list[Sample], opts: TrainOptions) -> float:
+    """The block loss over val at anchors drawn from a fixed seed (the same anchors at every check)."""
+    was = drafter.training
+    drafter.eval()
+    gen = torch.Generator().manual_seed(4321)
+    dev = target.lm_head_weight.device
+    total = 0.0
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+        for i in range(0, len(val), opts.batch_seqs):
+            part = val[i : i + opts.batch_seqs]
+            loss, _ = dflash_loss(drafter, target, make_batch(part, opts.anchors, drafter.config, gen), with_stats=False)
+            total += loss.item() * len(part)
+    drafter.train(was)
+    return total / max(1, len(val))
 
 
 def sequences_path(opts: TrainOptions, out: Path) -> Path | None:
@@ -313,10 +375,16 @@ def train(engine, opts: TrainOptions) -> dict:
     end = t0 + budget - reserve
     stop = end if opts.stop_after_minutes is None else min(end, t0 + opts.stop_after_minutes * 60 - reserve)
     clock = TrainClock(t0, t_train0, prior, prior.train_seconds + max(end - t_train0, 1e-6), stop)
-    step, ema, stats = train_loop(drafter, target, optim, gen, tr, opts, clock, out, fp)
+    best = BestWeights(val, opts)
+    step, ema, stats = train_loop(drafter, target, optim, gen, tr, opts, clock, out, fp, best)
+    last_val = best.check(drafter, target, step) if opts.val_every > 0 else None
+    state_bytes = _save_state(drafter, optim, gen, opts, out, fp, clock.progress(step, ema))
+    kept = best.step if opts.val_every > 0 and best.restore(drafter) else step  # the lowest validation loss
     val_loss, val_stats = evaluate(drafter, target, val, opts, cfg)
-    sha, state_bytes = _checkpoint(drafter, optim, gen, opts, out, fp, clock.progress(step, ema))
-    complete = (opts.max_steps is not None and step >= opts.max_steps) or time.monotonic() >= end
+    sha = save_drafter(drafter, out, getattr(torch, opts.save_dtype))
+    cap = epoch_cap(opts, len(tr))
+    complete = ((opts.max_steps is not None and step >= opts.max_steps) or (cap is not None and step >= cap)
+                or time.monotonic() >= end)
     log = dict(
         target=opts.target, target_fingerprint=fp, mask_token_id=mask_id, target_layers=cfg.target_layers,
         num_prompts=n_prompts, num_sequences=len(samples), num_train_sequences=len(tr),
@@ -327,6 +395,9 @@ def train(engine, opts: TrainOptions) -> dict:
         seconds_train=round(time.monotonic() - t_train0, 1), minutes_total=round((time.monotonic() - t0) / 60, 2),
         minutes_budget_used=round(clock.progress(step, ema).seconds_used / 60, 2),
         steps=step, resumed_from_step=prior.step, complete=complete, state_bytes=state_bytes,
+        epochs=round(step * opts.batch_seqs / max(1, len(tr)), 2), epoch_cap_steps=cap, saved_step=kept,
+        best_val_loss=None if best.state is None else round(best.loss, 4), last_val_loss=last_val,
+        val_curve=best.curve,
         final_loss=ema, final_train_tau_uniform=stats.get("tau_uniform"),
         val_loss=val_loss, val=val_stats, weights_sha256=sha, options=asdict(opts),
     )
@@ -358,17 +429,20 @@ class TrainClock:
 
 
 def train_loop(drafter: DFlashDrafter, target: CausalLM, optim, gen: torch.Generator, tr: list[Sample],
-               opts: TrainOptions, clock: TrainClock, out: Path, fp: str) -> tuple[int, float | None, dict]:
-    """AdamW steps from clock.prior.step until clock.stop, --max-steps or --stop-after-steps more steps (at
-    least one); the host syncs only every log_every steps. Batches are drawn from `gen`."""
+               opts: TrainOptions, clock: TrainClock, out: Path, fp: str,
+               best: BestWeights | None = None) -> tuple[int, float | None, dict]:
+    """AdamW steps from clock.prior.step until clock.stop, --max-steps, the --max-epochs cap or
+    --stop-after-steps more steps (at least one); the host syncs only every log_every steps. Batches are
+    drawn from `gen`; every --val-every steps `best` checks the validation loss."""
     dev, cfg = target.lm_head_weight.device, drafter.config
     step0 = clock.prior.step
     step, ema, stats = step0, clock.prior.ema, {}
+    cap = epoch_cap(opts, len(tr))
     last = min(x for x in (opts.max_steps, None if opts.stop_after_steps is None else step0 + opts.stop_after_steps,
-                           1 << 62) if x is not None)
+                           cap, 1 << 62) if x is not None)
     bar = tqdm(desc="training", unit="step", total=opts.max_steps, initial=step0)
     while step < last and (step == step0 or time.monotonic() < clock.stop):
-        lr = lr_at(opts, step, schedule_frac(opts, step, clock.train_seconds(), clock.train_total))
+        lr = lr_at(opts, step, schedule_frac(opts, step, clock.train_seconds(), clock.train_total, cap))
         for g in optim.param_groups:
             g["lr"] = lr
         batch = make_batch([tr[i] for i in torch.randint(len(tr), (opts.batch_seqs,), generator=gen)],
@@ -386,6 +460,8 @@ def train_loop(drafter: DFlashDrafter, target: CausalLM, optim, gen: torch.Gener
             stats = st
             ema = loss.item() if ema is None else 0.8 * ema + 0.2 * loss.item()
             bar.set_postfix(loss=f"{ema:.3f}", tau_u=f"{stats['tau_uniform']:.2f}", lr=f"{lr:.1e}")
+        if best is not None and opts.val_every and step % opts.val_every == 0 and step < last:
+            bar.set_postfix(loss=f"{ema:.3f}", val=f"{best.check(drafter, target, step):.3f}", lr=f"{lr:.1e}")
         if opts.ckpt_every and step % opts.ckpt_every == 0 and step < last:
             _checkpoint(drafter, optim, gen, opts, out, fp, clock.progress(step, ema))
     bar.close()
@@ -396,9 +472,15 @@ def _checkpoint(drafter: DFlashDrafter, optim, gen: torch.Generator, opts: Train
                 progress: Progress) -> tuple[str, int | None]:
     """The servable drafter (--save-dtype); with --save-state also OUT/train_state (train/state.py).
     Returns (model.safetensors sha256, the state's bytes or None)."""
-    size = None
-    if opts.save_state:
-        meta = {"target_fingerprint": fp, "progress": asdict(progress)}
-        size = save_state(out / STATE_DIR, drafter, optim, gen, meta, getattr(torch, opts.state_dtype),
-                          opts.state_shard_mib)
+    size = _save_state(drafter, optim, gen, opts, out, fp, progress)
     return save_drafter(drafter, out, getattr(torch, opts.save_dtype)), size
+
+
+def _save_state(drafter: DFlashDrafter, optim, gen: torch.Generator, opts: TrainOptions, out: Path, fp: str,
+                progress: Progress) -> int | None:
+    """With --save-state, OUT/train_state (the current weights, for --resume); its bytes, else None."""
+    if not opts.save_state:
+        return None
+    meta = {"target_fingerprint": fp, "progress": asdict(progress)}
+    return save_state(out / STATE_DIR, drafter, optim, gen, meta, getattr(torch, opts.state_dtype),
+                      opts.state_shard_mib)

@@ -13,7 +13,7 @@ class TrainOptions:
     target: str
     out: str
     minutes: float = 15.0
-    gen_fraction: float = 0.4
+    gen_fraction: float = 0.5
     num_prompts: int = 10000
     max_new_tokens: int = 256
     max_prompt_tokens: int = 512
@@ -29,17 +29,19 @@ class TrainOptions:
     warmup: int = 100
     ckpt_every: int = 500
     max_steps: int | None = None
+    max_epochs: float = 10.0  # most passes over the training sequences (0: no cap)
+    val_every: int = 250  # steps between validation losses (the best weights are the ones saved)
     max_num_seqs: int = EngineConfig.max_num_seqs
     val_fraction: float = 0.03
     save_dtype: str = "bfloat16"
     feature_batch_tokens: int = 16384
-    max_feature_gb: float = 60.0
+    max_feature_gb: float = 80.0
     prompt_sources: str = "magpie,stdlib"
     magpie_share: float = 0.8  # of num_prompts, when magpie is mixed with stub sources
     magpie_fraction: float = 0.25  # most of the generation budget the first user turns may take
     magpie_temperature: float = 1.0
     magpie_top_p: float = 0.95
-    magpie_max_tokens: int = 200
+    magpie_max_tokens: int = 320
     magpie_keep_incomplete: bool = False
     multi_turn: float = 0.25  # share of the Magpie conversations that get a second user turn
     exclude_prompts: str = ""  # comma-separated prompt files kept out of training (beside the repository's)

@@ -111,3 +111,28 @@ def probs_from_logits(logits: torch.Tensor, p: RowParams) -> torch.Tensor:
         onehot = torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
         probs = torch.where(greedy[:, None], onehot, probs)
     return probs
+
+
+
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(h: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (xorshift-multiply rounds) of int64 values in [0, 2^32); every product stays
+    below 2^63, so the arithmetic is exact on every device."""
+    h = h ^ (h >> 16)
+    h = (h * 0x7FEB352D) & _M32
+    h = h ^ (h >> 15)
+    h = (h * 0x5BD1E995) & _M32
+    return h ^ (h >> 16)
+
+
+def sample_by_key(probs: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """One token per row of probs [R, V]: argmax of p / E over the vocabulary with E_v ~ Exp(1) hashed from
+    the row's 32-bit key [R] and v (the exponential race: token v wins with probability p_v; a token of
+    probability 0 never wins). A row's noise depends on its key only, so its token does not depend on the
+    batch, and a small change in p moves the winner only when two ratios nearly tie."""
+    v = torch.arange(probs.shape[-1], device=probs.device)
+    h = _mix32((keys[:, None] + v[None, :] * 0x61C88647) & _M32)
+    e = -torch.log(((h >> 9).float() + 0.5) * (1.0 / 2**23))  # u in (0, 1), exact in float32: e > 0
+    return (probs / e).argmax(-1)

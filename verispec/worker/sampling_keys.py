@@ -21,6 +21,18 @@ def sample_key(req: Request, engine_seed: int, index: int, salt: int = 0) -> int
     return (base * 6_364_136_223 + index * 1_442_695_041 + salt * 97_531) & (2**62 - 1)
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def key32(key: int) -> int:
+    """A sampling key folded to 32 bits (splitmix64's finalizer), for the batched draw of the verifier's
+    undrafted rows (sampler.sample_by_key), which needs no torch.Generator."""
+    z = (key + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) >> 32
+
+
 class RequestGenerators:
     """One torch.Generator per request, re-seeded with sample_key before every sampling event (so
     preemption, another batch or the overlapped loop never shift a request's stream)."""

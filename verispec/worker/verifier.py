@@ -3,8 +3,10 @@ which tokens a step emits (the runner hands it the logits; nothing else samples 
 
 It owns, in the order a step runs them: min_tokens masking, logit_bias, repetition / presence /
 frequency penalties and grammar masks (in place on the logits), greedy verification, rejection sampling with each request's own
-generator (sampling_keys.RequestGenerators), the runtime acceptance audit, and (after collect) the
-logprobs. Everything before collect runs on the device without a host sync.
+generator (sampling_keys.RequestGenerators) for drafted rows, one batched draw for the undrafted sampled rows
+(an exponential race with noise hashed from each row's own sampling key: no per-row kernels, the same
+token whatever the batch), the runtime acceptance audit, and (after collect) the logprobs. Everything before collect runs
+on the device without a host sync.
 
 Rejection sampling (Leviathan et al., 2023): for k drafts the target gives k+1 distributions
 p_0..p_k (p_j for the token after draft j-1). Draft j is accepted with probability
@@ -44,9 +46,10 @@ from verispec.worker.sampler import (
     argmax_with_counts,
     probs_from_logits,
     row_params,
+    sample_by_key,
     triton_argmax_ok,
 )
-from verispec.worker.sampling_keys import RequestGenerators
+from verispec.worker.sampling_keys import RequestGenerators, key32, sample_key
 from verispec.worker.token_state import DeviceTokens
 
 #: The sampling requests of a step and the first logit row of each.
@@ -282,6 +285,7 @@ class Verifier:
     def __init__(self, device: torch.device, seed: int = 0, audit_rate: float = 0.0, faults: Faults = NO_FAULTS) -> None:
         self.device = device
         self.faults = faults
+        self.seed = seed
         self.generators = RequestGenerators(device, seed)
         self.audit_rate = audit_rate
         self._audit_rng = random.Random(seed)
@@ -342,11 +346,19 @@ class Verifier:
         kmax = drafts.shape[1]
         dev = logits.device
         probs = probs_from_logits(logits, sampling_row_params(sampling, logits.shape[-1], self.device))
+        plain = [(i, s, r) for i, (s, r) in enumerate(sampling) if not s.request.params.greedy and not s.num_draft_tokens]
+        if plain:  # undrafted rows: drawn together, each from noise hashed from its own sampling key
+            at = [r for _, _, r in plain]
+            keys = [key32(sample_key(s.request, self.seed, len(s.request.output_token_ids))) for _, s, _ in plain]
+            which = to_device([i for i, _, _ in plain], torch.long, dev)
+            tok = sample_by_key(probs[to_device(at, torch.long, dev)], to_device(keys, torch.long, dev))
+            tokens[which, 0] = tok
+            num_acc[which] = 0
         for i, (s, r) in enumerate(sampling):
             req = s.request
-            if req.params.greedy:
-                continue
             k = s.num_draft_tokens
+            if req.params.greedy or not k:
+                continue
             g = self.generators.at(req, len(req.output_token_ids))
             q = draft_probs.get(req.request_id) if k else None
             u = torch.rand(1, k, generator=g, device=dev)
