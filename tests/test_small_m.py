@@ -1,0 +1,218 @@
+"""The small-M tensor-core kernels (2..16 rows: a batch-1 verify) against torch float32 references, on
+random odd sizes: K and N not multiples of the tiles (interpreter on CPU in float32, compiled bf16 on CUDA)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from verispec.attention.reference import write_kv
+from verispec.core.options import KernelOptions
+from verispec.kernels import linear as lin
+from verispec.kernels import small_m as sm
+from verispec.kernels.fused import rms_norm_ref
+from verispec.models.layers.rotary import RotaryEmbedding
+
+CPU = pytest.param("cpu", torch.float32, id="cpu-fp32")
+GPU = pytest.param("cuda", torch.bfloat16, id="cuda-bf16", marks=pytest.mark.gpu)
+# Small tiles on the CPU keep the interpreter quick; on CUDA the defaults (small_m_config) run too.
+TILES = dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=1, num_warps=4, num_stages=2)
+
+
+def tol(dtype: torch.dtype) -> dict:
+    return dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+
+
+def rand(*shape, seed: int, device: str, dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
+    """Made on the CPU, then copied (a PDL kernel reads weights before its wait: kernels/pdl.py)."""
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale).to(device, dtype)
+
+
+def ref_linear(x, w, b=None, silu_mul=False):
+    """float32 F.linear (then SiLU-and-mul), rounded once to x's dtype."""
+    y = F.linear(x.float(), w.float(), None if b is None else b.float())
+    if silu_mul:
+        y = F.silu(y[:, : w.shape[0] // 2]) * y[:, w.shape[0] // 2:]
+    return y.to(x.dtype)
+
+
+def cfg_for(device: str, split: int = 1) -> dict | None:
+    return dict(TILES, SPLIT_K=split) if device == "cpu" else (None if split == 1 else dict(
+        BLOCK_N=16, BLOCK_K=256, SPLIT_K=split, num_warps=4, num_stages=3))
+
+
+@pytest.mark.parametrize("device,dtype", [CPU, GPU])
+@pytest.mark.parametrize("m,n,k", [(2, 37, 129), (5, 45, 77), (16, 70, 100), (11, 9, 530), (7, 203, 333)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_small_m_linear(device, dtype, m, n, k, bias):
+    x = rand(m, k, seed=m * 7 + n, device=device, dtype=dtype)
+    w = rand(n, k, seed=k, device=device, dtype=dtype, scale=k**-0.5)
+    b = rand(n, seed=n, device=device, dtype=dtype) if bias else None
+    cfg = cfg_for(device)
+    out = sm.small_m_linear(x, w, b, config=cfg)
+    assert cfg is None or cfg == TILES  # the caller's config is not modified
+    assert out.shape == (m, n) and out.dtype == dtype
+    torch.testing.assert_close(out.float(), ref_linear(x, w, b).float(), **tol(dtype))
+
+
+@pytest.mark.parametrize("device,dtype", [CPU, GPU])
+@pytest.mark.parametrize("m,n,k,split", [(3, 41, 333, 3), (16, 19, 200, 2), (9, 70, 1000, 4)])
+def test_small_m_split_k(device, dtype, m, n, k, split):
+    """K split across programs, the float32 partials added by the reduce kernel, bias in the reduce."""
+    x = rand(m, k, seed=m + k, device=device, dtype=dtype)
+    w = rand(n, k, seed=n + k, device=device, dtype=dtype, scale=k**-0.5)
+    b = rand(n, seed=n + 1, device=device, dtype=dtype)
+    out = sm.small_m_linear(x, w, b, config=cfg_for(device, split))
+    torch.testing.assert_close(out.float(), ref_linear(x, w, b).float(), **tol(dtype))
+    inter = n
+    gu = rand(2 * inter, k, seed=inter + 3, device=device, dtype=dtype, scale=k**-0.5)
+    got = sm.small_m_linear(x, gu, silu_mul=True, config=cfg_for(device, split))
+    torch.testing.assert_close(got.float(), ref_linear(x, gu, silu_mul=True).float(), **tol(dtype))
+
+
+@pytest.mark.parametrize("device,dtype", [CPU, GPU])
+@pytest.mark.parametrize("m,inter,k", [(2, 35, 129), (6, 19, 300), (16, 50, 97)])
+def test_small_m_silu_mul_strided_rows(device, dtype, m, inter, k):
+    base = rand(2 * m, k + 7, seed=inter, device=device, dtype=dtype)
+    x = base[::2, :k]  # a row-strided view
+    w = rand(2 * inter, k, seed=k, device=device, dtype=dtype, scale=k**-0.5)
+    out = sm.small_m_linear(x, w, silu_mul=True, config=cfg_for(device))
+    assert out.shape == (m, inter)
+    torch.testing.assert_close(out.float(), ref_linear(x, w, silu_mul=True).float(), **tol(dtype))
+
+
+@pytest.mark.parametrize("device,dtype", [CPU, GPU])
+@pytest.mark.parametrize("m,n,k,silu,residual", [(2, 37, 129, False, True), (5, 19, 300, True, True),
+                                                  (16, 40, 77, True, False), (3, 33, 210, False, False)])
+def test_small_m_norm_prologue(device, dtype, m, n, k, silu, residual):
+    """RMSNorm(x + residual) in the K loop == rms_norm_ref then the product; the new residual is x +
+    residual exactly (or x itself without one)."""
+    x = rand(m, k, seed=m + k, device=device, dtype=dtype)
+    r = rand(m, k, seed=m + k + 1, device=device, dtype=dtype) if residual else None
+    nw = rand(k, seed=k + 2, device=device, dtype=dtype, scale=0.1) + 1
+    w = rand(2 * n if silu else n, k, seed=k + 3, device=device, dtype=dtype, scale=k**-0.5)
+    out, new_res = sm.small_m_linear(x, w, silu_mul=silu, norm=(nw, 1e-6), residual=r, config=cfg_for(device))
+    normed = rms_norm_ref(x, nw, 1e-6, r)
+    if residual:
+        normed, want_res = normed
+        assert torch.equal(new_res, want_res)
+    else:
+        assert new_res is x
+    torch.testing.assert_close(out.float(), ref_linear(normed, w, silu_mul=silu).float(), **tol(dtype))
+
+
+@pytest.mark.parametrize("device,dtype", [CPU, GPU])
+def test_small_m_float32_out_is_rounded_like_a_cast(device, dtype):
+    """out_dtype float32 (the logits) stores the x-dtype result widened; out= fills a given buffer."""
+    x = rand(4, 96, seed=41, device=device, dtype=dtype)
+    w = rand(203, 96, seed=42, device=device, dtype=dtype, scale=96**-0.5)
+    wide = sm.small_m_linear(x, w, out_dtype=torch.float32, config=cfg_for(device))
+    assert wide.dtype == torch.float32
+    assert torch.equal(wide, sm.small_m_linear(x, w, config=cfg_for(device)).float())
+    buf = torch.full((4, 203), float("nan"), device=device)
+    assert sm.small_m_linear(x, w, out=buf, config=cfg_for(device)) is buf and torch.equal(buf, wide)
+    split = sm.small_m_linear(x, w, out_dtype=torch.float32, config=cfg_for(device, 2))
+    assert torch.equal(split, split.to(dtype).float())  # rounded to x's dtype before the widening
+
+
+def test_bad_input_is_a_value_error_before_any_launch():
+    w = torch.zeros(8, 32)
+    with pytest.raises(ValueError, match="at most 16 rows"):
+        sm.small_m_linear(torch.zeros(17, 32), w)
+    with pytest.raises(ValueError, match="do not make"):
+        sm.small_m_linear(torch.zeros(4, 31), w)
+    with pytest.raises(ValueError, match="SPLIT_K 1"):
+        sm.small_m_linear(torch.zeros(4, 32), w, norm=(torch.ones(32), 1e-6), config=dict(TILES, SPLIT_K=2))
+    with pytest.raises(ValueError, match="contiguous last"):
+        sm.small_m_linear(torch.zeros(32, 4).T, w)
+    with pytest.raises(ValueError, match="head_dim 16"):
+        sm.small_m_qkv_rope_write_kv(torch.zeros(2, 32), torch.zeros(64, 32), None, torch.zeros(2, dtype=torch.long),
+                                     torch.zeros(8, 8), torch.zeros(8, 8), torch.zeros(2, 4, 1, 16),
+                                     torch.zeros(2, dtype=torch.long), 2, 1, 16)
+    with pytest.raises(ValueError, match="small_m_max_rows"):
+        KernelOptions(small_m_max_rows=17)
+
+
+def test_small_m_config_covers_every_layer_of_the_15b():
+    """One kernel per layer (no split, so no reduce launch), tiles no wider than K."""
+    for n, k, silu in [(2048, 1536, False), (1536, 1536, False), (8960, 1536, True), (1536, 8960, False),
+                       (151936, 1536, False), (7, 20, False)]:
+        c = sm.small_m_config(n, k, silu)
+        assert c["SPLIT_K"] == 1 and c["BLOCK_K"] <= max(16, 2 * k) and c["BLOCK_N"] >= 16
+    assert sm.small_m_config(151936, 1536)["BLOCK_N"] == 64
+
+
+@pytest.mark.parametrize("device,dtype", [CPU, GPU])
+@pytest.mark.parametrize("m,heads,kv_heads,head_dim,k,bias,norm,residual", [
+    (2, 3, 1, 32, 77, True, False, False), (5, 4, 2, 64, 150, False, True, True),
+    (16, 2, 1, 32, 100, True, True, False), (7, 12, 2, 128, 130, True, True, True),
+])
+def test_small_m_qkv_rope_write_kv(device, dtype, m, heads, kv_heads, head_dim, k, bias, norm, residual):
+    """Norm + qkv + bias + rotary + K/V write == rms_norm_ref, F.linear, RotaryEmbedding and write_kv;
+    padding rows (slot -1) write nothing and the rest of the cache is untouched."""
+    g = torch.Generator().manual_seed(m * 100 + heads)
+    n = (heads + 2 * kv_heads) * head_dim
+    x = torch.randn(m, k, generator=g).to(device, dtype)
+    r = torch.randn(m, k, generator=g).to(device, dtype) if residual else None
+    nw = (torch.randn(k, generator=g) * 0.1 + 1).to(device, dtype)
+    w = (torch.randn(n, k, generator=g) * k**-0.5).to(device, dtype)
+    b = torch.randn(n, generator=g).to(device, dtype) if bias else None
+    rot = RotaryEmbedding(head_dim, 300, 1e6).to(device)
+    pos = torch.randint(0, 300, (m,), generator=g).to(device)
+    slots = torch.randperm(41, generator=g)[:m].to(device)
+    slots[1] = -1  # a padding row: nothing written
+    cache = torch.randn(2, 41, kv_heads, head_dim, generator=g).to(device, dtype)
+
+    xin = x
+    if norm:
+        xin = rms_norm_ref(x, nw, 1e-6, r)
+        if residual:
+            xin, want_res = xin
+    qkv = ref_linear(xin, w, b)
+    q, kk, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    ref_q, ref_k = rot(pos, q.reshape(m, heads, head_dim), kk.reshape(m, kv_heads, head_dim))
+    want = cache.clone()
+    ok = slots >= 0
+    write_kv(want, ref_k[ok], v.reshape(m, kv_heads, head_dim)[ok], slots[ok])
+
+    got = cache.clone()
+    res = sm.small_m_qkv_rope_write_kv(x, w, b, pos, rot.cos, rot.sin, got, slots, heads, kv_heads, head_dim,
+                                       norm=(nw, 1e-6) if norm else None, residual=r,
+                                       block_k=32 if device == "cpu" else 128)
+    out = res[0] if norm else res
+    if norm:
+        assert torch.equal(res[1], want_res) if residual else res[1] is x
+    torch.testing.assert_close(out, ref_q, **tol(dtype))
+    torch.testing.assert_close(got, want, **tol(dtype))
+    untouched = torch.ones(41, dtype=torch.bool, device=device)
+    untouched[slots[ok]] = False
+    assert torch.equal(got[:, untouched], cache[:, untouched])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_dispatch_on_cuda_small_m_rows():
+    """small_m_max_rows routes 2..that many rows of every layer (down_proj and the LM head too) to the
+    small-M kernel; 1 row and > 16 rows keep their paths; 0 (the default) changes nothing."""
+    on = KernelOptions(small_m_max_rows=16)
+    down = rand(1536, 8960, seed=5, device="cuda", dtype=torch.bfloat16, scale=8960**-0.5)
+    head = rand(151936, 1536, seed=6, device="cuda", dtype=torch.bfloat16, scale=1536**-0.5)
+    for rows in (1, 2, 4, 8, 16, 17, 33):
+        x = rand(rows, 8960, seed=rows, device="cuda", dtype=torch.bfloat16)
+        h = rand(rows, 1536, seed=rows + 1, device="cuda", dtype=torch.bfloat16)
+        small = 2 <= rows <= 16
+        assert (lin._pick(x, down, options=on) == "small_m") == small
+        assert (lin._pick(h, head, options=on) == "small_m") == small
+        assert lin._pick(x, down) != "small_m" and lin._pick(h, head) != "small_m"
+        if not small:
+            assert lin._pick(x, down, options=on) == lin._pick(x, down)
+    assert lin._pick(rand(9, 8960, seed=9, device="cuda", dtype=torch.bfloat16), down,
+                     options=KernelOptions(small_m_max_rows=8)) == "torch"
+    x4 = rand(4, 8960, seed=7, device="cuda", dtype=torch.bfloat16)
+    torch.testing.assert_close(lin.linear(x4, down, options=on).float(), ref_linear(x4, down).float(),
+                               **tol(torch.bfloat16))
+    h4 = rand(4, 1536, seed=8, device="cuda", dtype=torch.bfloat16)
+    logits = lin.linear(h4, head, out_dtype=torch.float32, options=on)
+    assert logits.dtype == torch.float32
+    torch.testing.assert_close(logits, ref_linear(h4, head).float(), **tol(torch.bfloat16))
