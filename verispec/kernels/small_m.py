@@ -2,16 +2,20 @@
 
 A verify forward of 1 + k tokens reads the same weights as a one-row decode. The one-row GEMV reduces
 row by row on the CUDA cores, so its cost grows with the rows; cuBLAS and the skinny kernel tile for
-compute. Here the rows are padded to one BLOCK_M = 16 tile (masked loads: padding rows fetch nothing),
-so every program streams its [BLOCK_N, K] slice of W exactly once, tile by tile, and `tl.dot` does the
-math on the tensor cores: the cost stays the weight stream's, whatever the row count up to 16.
+compute (and leave down_proj and the LM head to cuBLAS). Here the rows are padded to one BLOCK_M = 16
+tile (masked loads: padding rows fetch nothing), every program streams its [BLOCK_N, K] slice of W
+exactly once, and `tl.dot` does the math on the tensor cores: the cost should stay the weight
+stream's whatever the row count up to 16. As in the GEMV, a program's first weight tile is loaded
+before the PDL wait (kernels/pdl.py), so it streams during the previous kernel's tail; each next tile
+is loaded while the one before it is multiplied.
 
-  * _small_m_kernel: y = x @ W^T (+ bias), optionally SiLU-and-mul over a stacked [gate; up] weight,
+  * _small_m_kernel: y = x @ W^T (+ bias), optionally SiLU-and-mul over a stacked [gate; up] weight
+    (a program's 16 weight rows: 8 gate rows and the matching 8 up rows, so one dot yields both),
     optionally RMSNorm(x (+ residual)) * nw in the prologue, and split over K (SPLIT_K > 1: float32
     partials, added in split order by linear.py's reduce kernel; never with the norm).
   * _small_m_qkv_rope_kernel: the attention's input in one kernel (as qkv_rope.py at one row): the norm
     prologue, the q/k/v projection (+ bias), NeoX rotary on q and k, q stored, k / v written into the
-    token's cache slot. A program computes 16 rotary pairs (d, d + D/2) of one head: two [16, 16] dots.
+    token's cache slot. A program's 16 weight rows are 8 rotary pairs (d, d + D/2) of one head.
 
 The norm rides in the K loop instead of a pass of its own: RMSNorm(x)[m, k] W[n, k] summed over k is
 inv_rms[m] * sum_k (x[m, k] nw[k]) W[n, k], so each tile feeds x * nw to the dot and adds x^2 to the
@@ -22,9 +26,8 @@ x); it is one rounding of the input either way, and float32 inputs take exact (i
 residual sum is rounded to x's dtype before it is squared, as fused.rms_norm does; the programs of the
 first column block store it.
 
-Not batch invariant (issue 18): the tile, split and the fused norm differ from the one-row GEMV and
-from kernels/invariant.py, so KernelOptions.batch_invariant never routes here (models/kernel_path.py).
-PDL: every load of an activation follows wait_prior (kernels/pdl.py); the K loop streams W after it.
+Not batch invariant (issue 18): tiles, splits and the fused norm differ from the one-row GEMV and from
+kernels/invariant.py, so KernelOptions.batch_invariant never routes here (models/kernel_path.py).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from verispec.kernels.pdl import launch_kwargs, wait_prior
 
 SMALL_M_MAX_ROWS = 16  # one BLOCK_M tile: the rows a verify of k <= 15 drafts (or a batch of 16) has
 BLOCK_M = 16
-ROPE_PAIRS = 16  # rotary pairs per qkv program (tl.dot's smallest N)
+ROPE_PAIRS = 8  # rotary pairs per qkv program: 16 weight rows, tl.dot's smallest N
 
 
 @triton.jit
@@ -63,6 +66,29 @@ def _input_tile(x_ptr, r_ptr, rout_ptr, nw_ptr, m, m_ok, k, k_ok, stride_xm, K: 
 
 
 @triton.jit
+def _weight_rows(pid_n, N_OUT, UP_OFFSET, BLOCK_N: tl.constexpr, SILU_MUL: tl.constexpr):
+    """(the weight row of each of the program's BLOCK_N tile rows, its output column, column in range).
+    SILU_MUL: rows alternate halves, BLOCK_N / 2 gate rows then the matching up rows (UP_OFFSET on),
+    so one [16, BLOCK_N] dot yields both and _halves separates them."""
+    i = tl.arange(0, BLOCK_N)
+    if SILU_MUL:
+        col = pid_n * (BLOCK_N // 2) + i % (BLOCK_N // 2)
+        row = col + (i // (BLOCK_N // 2)) * UP_OFFSET
+    else:
+        col = pid_n * BLOCK_N + i
+        row = col
+    return row, col, col < N_OUT
+
+
+@triton.jit
+def _halves(acc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Columns [0, BLOCK_N/2) and [BLOCK_N/2, BLOCK_N) of acc [BLOCK_M, BLOCK_N] (exact: sums with zeros)."""
+    r = tl.reshape(acc, [BLOCK_M, 2, BLOCK_N // 2])
+    h = tl.arange(0, 2)[None, :, None]
+    return tl.sum(tl.where(h == 0, r, 0.0), 1), tl.sum(tl.where(h == 1, r, 0.0), 1)
+
+
+@triton.jit
 def _small_m_kernel(
     x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, nw_ptr, r_ptr, rout_ptr, eps, M, N_OUT, UP_OFFSET,
     stride_xm, stride_wn, stride_om, K: tl.constexpr, KS: tl.constexpr,
@@ -70,66 +96,76 @@ def _small_m_kernel(
     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PREC: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Grid (N blocks, SPLIT_K): columns [pid0 * BLOCK_N, +BLOCK_N) of every row over K range
-    [s * KS, (s + 1) * KS). SPLIT_K == 1: bias, SiLU-and-mul and the store (rounded to x's dtype,
-    then stored in out's dtype: float32 logits as F.linear(...).float()). Else the float32 partials
-    go to ws [SPLIT_K, M, N_OUT] ([SPLIT_K, M, 2 N_OUT] with SILU_MUL), linear._splitk_reduce_kernel's layout."""
+    """Grid (column blocks, SPLIT_K): the program's BLOCK_N weight rows (_weight_rows) against every
+    row of x over K range [s * KS, (s + 1) * KS). Its first [BLOCK_N, BLOCK_K] weight tile is loaded
+    before the PDL wait (with BLOCK_K >= KS: all of its weights, as the one-row GEMV), each next one
+    while the tile before it is multiplied. SPLIT_K == 1: bias, SiLU-and-mul and the store (rounded
+    to x's dtype, then stored in out's dtype: float32 logits as F.linear(...).float()). Else the
+    float32 partials go to ws [SPLIT_K, M, N_OUT] ([SPLIT_K, M, 2 N_OUT] with SILU_MUL: gate columns,
+    then up), linear._splitk_reduce_kernel's layout."""
     pid_n = tl.program_id(0)
     s = tl.program_id(1)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row, n, n_ok = _weight_rows(pid_n, N_OUT, UP_OFFSET, BLOCK_N, SILU_MUL)
     m = tl.arange(0, BLOCK_M)
-    n_ok = n < N_OUT
     m_ok = m < M
+    k_end = tl.minimum(K, (s + 1) * KS)
     kr = s * KS + tl.arange(0, BLOCK_K)
-    w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
+    w_rows = w_ptr + row.to(tl.int64)[:, None] * stride_wn
+    w = tl.load(w_rows + kr[None, :], mask=n_ok[:, None] & (kr < k_end)[None, :], other=0.0)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     ss = tl.zeros([BLOCK_M], tl.float32)
     wait_prior(PDL)
     for k0 in range(0, KS, BLOCK_K):  # a constant trip count; the K tail is masked
         k = k0 + kr
-        k_ok = k < K
-        x, ss_t = _input_tile(x_ptr, r_ptr, rout_ptr, nw_ptr, m, m_ok, k, k_ok, stride_xm, K, BLOCK_M, NORM, HAS_RES,
-                              pid_n == 0)
+        x, ss_t = _input_tile(x_ptr, r_ptr, rout_ptr, nw_ptr, m, m_ok, k, k < k_end, stride_xm, K, BLOCK_M, NORM,
+                              HAS_RES, pid_n == 0)
         ss += ss_t
-        w_mask = n_ok[:, None] & k_ok[None, :]
-        acc += tl.dot(x, tl.trans(tl.load(w_rows + k[None, :], mask=w_mask, other=0.0)), input_precision=DOT_PREC)
-        if SILU_MUL:
-            wu = tl.load(w_rows + UP_OFFSET * stride_wn + k[None, :], mask=w_mask, other=0.0)
-            acc_up += tl.dot(x, tl.trans(wu), input_precision=DOT_PREC)
+        acc += tl.dot(x, tl.trans(w), input_precision=DOT_PREC)
+        kn = k + BLOCK_K  # the next tile (no traffic past the split's end: fully masked)
+        w = tl.load(w_rows + kn[None, :], mask=n_ok[:, None] & (kn < k_end)[None, :], other=0.0)
     if NORM:
-        inv = (1.0 / tl.sqrt(ss / K + eps))[:, None]
-        acc *= inv
-        acc_up *= inv
-    mask = m_ok[:, None] & n_ok[None, :]
-    if SPLIT_K == 1:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        if SILU_MUL:
-            acc = acc / (1.0 + tl.exp(-acc)) * acc_up
-        y = acc.to(x_ptr.dtype.element_ty).to(out_ptr.dtype.element_ty)
-        tl.store(out_ptr + m.to(tl.int64)[:, None] * stride_om + n[None, :], y, mask=mask)
+        acc *= (1.0 / tl.sqrt(ss / K + eps))[:, None]
+    m_rows = m.to(tl.int64)[:, None]
+    if SILU_MUL:
+        gate, up = _halves(acc, BLOCK_M, BLOCK_N)
+        n2 = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        mask = m_ok[:, None] & (n2 < N_OUT)[None, :]
+        if SPLIT_K == 1:
+            y = (gate / (1.0 + tl.exp(-gate)) * up).to(x_ptr.dtype.element_ty).to(out_ptr.dtype.element_ty)
+            tl.store(out_ptr + m_rows * stride_om + n2[None, :], y, mask=mask)
+        else:
+            ws = ws_ptr + (s * M + m_rows) * (2 * N_OUT) + n2[None, :]
+            tl.store(ws, gate, mask=mask)
+            tl.store(ws + N_OUT, up, mask=mask)
     else:
-        ws_n = 2 * N_OUT if SILU_MUL else N_OUT
-        ws = ws_ptr + (s * M + m.to(tl.int64))[:, None] * ws_n + n[None, :]
-        tl.store(ws, acc, mask=mask)
-        if SILU_MUL:
-            tl.store(ws + N_OUT, acc_up, mask=mask)
+        mask = m_ok[:, None] & n_ok[None, :]
+        if SPLIT_K == 1:
+            if HAS_BIAS:
+                acc += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+            y = acc.to(x_ptr.dtype.element_ty).to(out_ptr.dtype.element_ty)
+            tl.store(out_ptr + m_rows * stride_om + n[None, :], y, mask=mask)
+        else:
+            tl.store(ws_ptr + (s * M + m_rows) * N_OUT + n[None, :], acc, mask=mask)
+
+
+DOWN_KS = 1024  # columns of K per split where K >= 4096 (down_proj's 8960: 9 splits, 864 programs)
 
 
 def small_m_config(n_out: int, k: int, silu_mul: bool = False, norm: bool = False) -> dict:
-    """Tiles and K split for _small_m_kernel on an [M <= 16, k] x [k, n_out] product (not measured on
-    the GPU yet: scripts/gpu_verify.sh times them). BLOCK_N 64 for the LM head (n_out >= 32768: ~2,400
-    programs), 32 for gate_up (280 programs at the 1.5B), else 16 (o, down: 96 programs); BLOCK_K 128
-    for the fused SiLU-and-mul (two weight tiles a step), 512 where K >= 4096 (down_proj: 35 tiles of
-    16 KB keep ~64 KB of W in flight per program without a split), else 256. SPLIT_K 1: one kernel per
-    layer, no reduce launch."""
+    """Tiles and K split for _small_m_kernel on an [M <= 16, k] x [k, n_out] product (guessed, not
+    measured on the GPU yet: scripts/gpu_verify.sh times them, `bench linear --sweep` sweeps them).
+    The LM head (n_out >= 32768, ~4,700 programs of 32 rows): BLOCK_K 256, the tiles streamed. K >=
+    4096 (down_proj): split into DOWN_KS columns, each split's weights (16 x 1024) all loaded before the
+    PDL wait, the partials added by the reduce kernel. Else (o, gate_up + SiLU: 16 weight rows, 8
+    outputs a program, 1,120 programs at the 1.5B): BLOCK_K 512, three tiles for K = 1536."""
     if n_out < 1 or k < 1:
         raise ValueError(f"small_m_config needs a non-empty weight, got n_out={n_out}, k={k}")
-    bn = 64 if n_out >= 32768 else (32 if silu_mul else 16)
-    bk = 128 if silu_mul else (512 if k >= 4096 else 256)
-    bk = min(bk, max(16, triton.next_power_of_2(k)))
-    return dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=1, num_warps=4, num_stages=4 if triton.cdiv(k, bk) >= 4 else 3)
+    kp = max(16, triton.next_power_of_2(k))
+    if n_out >= 32768:
+        return dict(BLOCK_N=32, BLOCK_K=min(256, kp), SPLIT_K=1, num_warps=4, num_stages=3)
+    if k >= 4096 and not norm:
+        return dict(BLOCK_N=16, BLOCK_K=DOWN_KS, SPLIT_K=triton.cdiv(k, DOWN_KS), num_warps=4, num_stages=2)
+    return dict(BLOCK_N=16, BLOCK_K=min(512, kp), SPLIT_K=1, num_warps=4, num_stages=2)
 
 
 def _check_rows(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None) -> None:
@@ -160,6 +196,8 @@ def small_m_linear(
     cfg = dict(config or small_m_config(n_out, k, silu_mul, norm is not None))
     if norm is not None and cfg["SPLIT_K"] != 1:
         raise ValueError("the norm prologue needs every column of K in one program (SPLIT_K 1)")
+    if silu_mul and bias is not None:
+        raise ValueError("small_m_linear takes no bias with silu_mul (the MLP's gate_up has none)")
     if out is None:
         out = torch.empty(m, n_out, dtype=out_dtype or x.dtype, device=x.device)
     if out.shape != (m, n_out) or out.stride(1) != 1:
@@ -172,7 +210,8 @@ def small_m_linear(
         b = bias if bias is not None else weight
         nw, eps = norm if norm is not None else (weight, 0.0)
         pdl = launch_kwargs(x.device, options.pdl)
-        _small_m_kernel[(triton.cdiv(n_out, cfg["BLOCK_N"]), split)](
+        cols = cfg["BLOCK_N"] // 2 if silu_mul else cfg["BLOCK_N"]
+        _small_m_kernel[(triton.cdiv(n_out, cols), split)](
             x, weight, b, out, ws, nw, residual if residual is not None else x, rout, eps, m, n_out,
             n_out if silu_mul else 0, x.stride(0), weight.stride(0), out.stride(0), K=k, KS=ks,
             HAS_BIAS=bias is not None, SILU_MUL=silu_mul, NORM=norm is not None, HAS_RES=residual is not None,
@@ -197,45 +236,42 @@ def _small_m_qkv_rope_kernel(
     BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
     NORM: tl.constexpr, HAS_RES: tl.constexpr, DOT_PREC: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Program p: pairs j in [p * BLOCK_P, +BLOCK_P) modulo HALF of head p * BLOCK_P // HALF (q heads,
-    then k, then v); weight rows head * 2 HALF + j and that + HALF, for every row m < M."""
+    """Program p: rotary pairs j in [p * BLOCK_P, +BLOCK_P) modulo HALF of head p * BLOCK_P // HALF (q
+    heads, then k, then v). Its 2 BLOCK_P weight rows: head * 2 HALF + j (the pairs' first rows), then
+    those + HALF, so one dot gives both halves of every pair (split by _halves). The first weight tile,
+    the rows' positions, slots and cos / sin are loaded before the PDL wait (qkv_rope.py's contract)."""
     first = tl.program_id(0) * BLOCK_P
     head = first // HALF
     j = first % HALF + tl.arange(0, BLOCK_P)
-    row1 = head * 2 * HALF + j
+    i = tl.arange(0, 2 * BLOCK_P)
+    row = head * 2 * HALF + first % HALF + i % BLOCK_P + (i // BLOCK_P) * HALF
     m = tl.arange(0, BLOCK_M)
     m_ok = m < M
     kr = tl.arange(0, BLOCK_K)
-    w1_rows = w_ptr + row1.to(tl.int64)[:, None] * stride_wn
-    acc1 = tl.zeros([BLOCK_M, BLOCK_P], tl.float32)
-    acc2 = tl.zeros([BLOCK_M, BLOCK_P], tl.float32)
-    ss = tl.zeros([BLOCK_M], tl.float32)
-    # Positions and slots come from the host copy before the forward (qkv_rope.py's contract).
+    w_rows = w_ptr + row.to(tl.int64)[:, None] * stride_wn
+    w = tl.load(w_rows + kr[None, :], mask=(kr < K)[None, :], other=0.0)
     pos = tl.load(pos_ptr + m, mask=m_ok, other=0).to(tl.int64)
     slot = tl.load(slot_ptr + m, mask=m_ok, other=-1).to(tl.int64)
     cos = tl.load(cos_ptr + pos[:, None] * HALF + j[None, :])
     sin = tl.load(sin_ptr + pos[:, None] * HALF + j[None, :])
+    acc = tl.zeros([BLOCK_M, 2 * BLOCK_P], tl.float32)
+    ss = tl.zeros([BLOCK_M], tl.float32)
     wait_prior(PDL)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + kr
-        k_ok = k < K
-        x, ss_t = _input_tile(x_ptr, r_ptr, rout_ptr, nw_ptr, m, m_ok, k, k_ok, stride_xm, K, BLOCK_M, NORM, HAS_RES,
+        x, ss_t = _input_tile(x_ptr, r_ptr, rout_ptr, nw_ptr, m, m_ok, k, k < K, stride_xm, K, BLOCK_M, NORM, HAS_RES,
                               tl.program_id(0) == 0)
         ss += ss_t
-        w1 = tl.load(w1_rows + k[None, :], mask=k_ok[None, :], other=0.0)
-        w2 = tl.load(w1_rows + HALF * stride_wn + k[None, :], mask=k_ok[None, :], other=0.0)
-        acc1 += tl.dot(x, tl.trans(w1), input_precision=DOT_PREC)
-        acc2 += tl.dot(x, tl.trans(w2), input_precision=DOT_PREC)
+        acc += tl.dot(x, tl.trans(w), input_precision=DOT_PREC)
+        kn = k + BLOCK_K
+        w = tl.load(w_rows + kn[None, :], mask=(kn < K)[None, :], other=0.0)
     if NORM:
-        inv = (1.0 / tl.sqrt(ss / K + eps))[:, None]
-        acc1 *= inv
-        acc2 *= inv
+        acc *= (1.0 / tl.sqrt(ss / K + eps))[:, None]
     if HAS_BIAS:
-        acc1 += tl.load(b_ptr + row1).to(tl.float32)[None, :]
-        acc2 += tl.load(b_ptr + row1 + HALF).to(tl.float32)[None, :]
+        acc += tl.load(b_ptr + row).to(tl.float32)[None, :]
     dt = q_ptr.dtype.element_ty
-    a1 = acc1.to(dt).to(tl.float32)  # the projection rounded once, as the unfused path's output
-    a2 = acc2.to(dt).to(tl.float32)
+    acc = acc.to(dt).to(tl.float32)  # the projection rounded once, as the unfused path's output
+    a1, a2 = _halves(acc, BLOCK_M, 2 * BLOCK_P)
     is_q = head < NUM_Q
     is_k = (head >= NUM_Q) & (head < NUM_Q + NUM_KV)
     rotate = is_q | is_k
@@ -256,7 +292,7 @@ def small_m_qkv_rope_write_kv(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, positions: torch.Tensor,
     cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
     num_heads: int, num_kv_heads: int, head_dim: int, norm: tuple[torch.Tensor, float] | None = None,
-    residual: torch.Tensor | None = None, block_k: int = 128, options: KernelOptions = DEFAULT_OPTIONS,
+    residual: torch.Tensor | None = None, block_k: int = 512, options: KernelOptions = DEFAULT_OPTIONS,
 ):
     """qkv_rope.qkv_rope_write_kv's contract for M <= 16 rows on the tensor cores: q [M, H, D] rotated,
     k (rotated) and v written into kv_cache [2, slots, KH, D] at slot_mapping (< 0: not written);
@@ -280,6 +316,6 @@ def small_m_qkv_rope_write_kv(
             NUM_Q=num_heads, NUM_KV=num_kv_heads, BLOCK_M=BLOCK_M, BLOCK_P=ROPE_PAIRS,
             BLOCK_K=min(block_k, max(16, triton.next_power_of_2(k))), HAS_BIAS=bias is not None,
             NORM=norm is not None, HAS_RES=residual is not None, DOT_PREC=lin._dot_prec(x), num_warps=4,
-            num_stages=4, **launch_kwargs(x.device, options.pdl),
+            num_stages=2, **launch_kwargs(x.device, options.pdl),
         )
     return q if norm is None else (q, rout)
