@@ -9,7 +9,6 @@ import torch.nn.functional as F
 
 from verispec.attention.reference import write_kv
 from verispec.core.options import KernelOptions
-from verispec.kernels import linear as lin
 from verispec.kernels import small_m as sm
 from verispec.kernels.fused import rms_norm_ref
 from verispec.models.layers.rotary import RotaryEmbedding
@@ -195,32 +194,47 @@ def test_small_m_qkv_rope_write_kv(device, dtype, m, heads, kv_heads, head_dim, 
     assert torch.equal(got[:, untouched], cache[:, untouched])
 
 
+def test_routing_by_row_count():
+    """small_m_max_rows routes 2..that many rows of a CUDA x (down_proj and the LM head too) to the
+    small-M kernel; 1 row (the GEMV's), more rows, CPU tensors and 0 (the default) keep linear.py's path."""
+    on = KernelOptions(small_m_max_rows=16)
+
+    class FakeCuda(torch.Tensor):  # is_cuda without a GPU: only the routing predicate reads it
+        is_cuda = True
+
+    for rows in (1, 2, 4, 8, 16, 17, 33):
+        x = torch.zeros(rows, 64).as_subclass(FakeCuda)
+        assert sm.takes_small_m(x, on) == (2 <= rows <= 16)
+        assert not sm.takes_small_m(x, KernelOptions())
+        assert not sm.takes_small_m(torch.zeros(rows, 64), on)
+        assert sm.takes_small_m(x, KernelOptions(small_m_max_rows=8)) == (2 <= rows <= 8)
+        assert sm.takes_small_m(x, KernelOptions(small_m_max_rows=16, gemv_max_rows=4)) == (5 <= rows <= 16)
+    assert not sm.takes_small_m(torch.zeros(32, 4).T.as_subclass(FakeCuda), on)  # a strided last dim
+    x, w = torch.randn(3, 8), torch.randn(5, 8)
+    torch.testing.assert_close(sm.linear(x, w, options=on), F.linear(x, w))  # CPU: linear.py's torch path
+    gu = torch.randn(10, 8)
+    torch.testing.assert_close(sm.gate_up_silu(x, gu, options=on), F.silu(x @ gu[:5].T) * (x @ gu[5:].T))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_dispatch_on_cuda_small_m_rows():
-    """small_m_max_rows routes 2..that many rows of every layer (down_proj and the LM head too) to the
-    small-M kernel; 1 row and > 16 rows keep their paths; 0 (the default) changes nothing."""
+def test_routed_layers_on_cuda_15b_shapes():
+    """Through the routing entry points with the 1.5B's down_proj (split K) and LM head (float32 logits)."""
     on = KernelOptions(small_m_max_rows=16)
     down = rand(1536, 8960, seed=5, device="cuda", dtype=torch.bfloat16, scale=8960**-0.5)
     head = rand(151936, 1536, seed=6, device="cuda", dtype=torch.bfloat16, scale=1536**-0.5)
-    for rows in (1, 2, 4, 8, 16, 17, 33):
-        x = rand(rows, 8960, seed=rows, device="cuda", dtype=torch.bfloat16)
-        h = rand(rows, 1536, seed=rows + 1, device="cuda", dtype=torch.bfloat16)
-        small = 2 <= rows <= 16
-        assert (lin._pick(x, down, options=on) == "small_m") == small
-        assert (lin._pick(h, head, options=on) == "small_m") == small
-        assert lin._pick(x, down) != "small_m" and lin._pick(h, head) != "small_m"
-        if not small:
-            assert lin._pick(x, down, options=on) == lin._pick(x, down)
-    assert lin._pick(rand(9, 8960, seed=9, device="cuda", dtype=torch.bfloat16), down,
-                     options=KernelOptions(small_m_max_rows=8)) == "torch"
-    x4 = rand(4, 8960, seed=7, device="cuda", dtype=torch.bfloat16)
-    torch.testing.assert_close(lin.linear(x4, down, options=on).float(), ref_linear(x4, down).float(),
-                               **tol(torch.bfloat16))
-    h4 = rand(4, 1536, seed=8, device="cuda", dtype=torch.bfloat16)
-    logits = lin.linear(h4, head, out_dtype=torch.float32, options=on)
-    assert logits.dtype == torch.float32
-    torch.testing.assert_close(logits, ref_linear(h4, head).float(), **tol(torch.bfloat16))
+    gu = rand(2 * 8960, 1536, seed=9, device="cuda", dtype=torch.bfloat16, scale=1536**-0.5)
+    for rows in (2, 4, 8, 16):
+        x = rand(rows, 8960, seed=7 + rows, device="cuda", dtype=torch.bfloat16)
+        assert sm.takes_small_m(x, on)
+        torch.testing.assert_close(sm.linear(x, down, options=on).float(), ref_linear(x, down).float(),
+                                   **tol(torch.bfloat16))
+        h = rand(rows, 1536, seed=8 + rows, device="cuda", dtype=torch.bfloat16)
+        logits = sm.linear(h, head, out_dtype=torch.float32, options=on)
+        assert logits.dtype == torch.float32
+        torch.testing.assert_close(logits, ref_linear(h, head).float(), **tol(torch.bfloat16))
+        torch.testing.assert_close(sm.gate_up_silu(h, gu, options=on).float(),
+                                   ref_linear(h, gu, silu_mul=True).float(), **tol(torch.bfloat16))
 
 
 def test_fused_layer_path_on_the_small_m_kernels_matches_the_torch_path():
@@ -276,3 +290,19 @@ def test_fused_layer_path_on_the_small_m_kernels_matches_the_torch_path():
         torch.testing.assert_close(g_, w, atol=1e-4, rtol=1e-4)
     for w, g_ in zip(kv_want, kv_got, strict=True):
         torch.testing.assert_close(g_, w, atol=1e-5, rtol=1e-5)
+
+
+def test_batch_invariant_mode_never_takes_the_small_m_path():
+    """Issue 18: the small-M kernels' tiles differ from the invariant kernels', so batch_invariant=True
+    keeps its one split-K config for every row count even with small_m_max_rows set."""
+    from verispec.kernels import invariant
+    from verispec.kernels import linear as lin
+    from verispec.models.kernel_path import Kernels
+
+    k = Kernels(KernelOptions(batch_invariant=True, small_m_max_rows=16))
+    assert k.small_m_max_rows == 0 and k.gemv_max_rows == 0
+    assert k.linear is invariant.linear and k.gate_up_silu is invariant.gate_up_silu
+    on = Kernels(KernelOptions(small_m_max_rows=16))
+    assert on.linear is sm.linear and on.gate_up_silu is sm.gate_up_silu and on.small_m_max_rows == 16
+    off = Kernels(KernelOptions())  # the default path is linear.py's, untouched
+    assert off.linear is lin.linear and off.gate_up_silu is lin.gate_up_silu and off.small_m_max_rows == 0

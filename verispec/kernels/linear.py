@@ -31,7 +31,6 @@ import triton
 import triton.language as tl
 
 from verispec.core.options import DEFAULT_OPTIONS, KernelOptions
-from verispec.kernels import small_m  # 2..16 rows on the tensor cores (KernelOptions.small_m_max_rows)
 from verispec.kernels.pdl import launch_kwargs, wait_prior
 
 SKINNY_MAX_ROWS = 16  # above this many rows, cuBLAS tiles well enough
@@ -381,7 +380,7 @@ _SPLITK_FALLBACK = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, num_warp
 
 
 def _pick(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False, options: KernelOptions = DEFAULT_OPTIONS) -> str:
-    """Which path an x [M, K] @ weight^T takes: "gemv", "small_m", "skinny", "splitk" or "torch"."""
+    """Which path an x [M, K] @ weight^T takes: "gemv", "skinny", "splitk" or "torch"."""
     rows = x.shape[0] if x.dim() == 2 else 0
     if not (x.is_cuda and 0 < rows <= max(SKINNY_MAX_ROWS, options.splitk_max_rows, options.gemv_max_rows)
             and x.stride(1) == 1):
@@ -389,8 +388,6 @@ def _pick(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False, options
     n_out = weight.shape[0] // 2 if silu_mul else weight.shape[0]
     if rows <= options.gemv_max_rows:
         return "gemv"
-    if 2 <= rows <= options.small_m_max_rows:
-        return "small_m"
     if rows > SKINNY_MAX_ROWS:
         ok = (options.splitk_min_rows <= rows <= options.splitk_max_rows
               and splitk_config(rows, n_out, x.shape[1], silu_mul))
@@ -409,8 +406,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     path = _pick(x, weight, False, options)
     if path == "gemv":
         return gemv(x, weight, bias, out_dtype=out_dtype, out=out, options=options)
-    if path == "small_m":
-        return small_m.small_m_linear(x, weight, bias, out_dtype=out_dtype, out=out, options=options)
     if path == "skinny":
         y = skinny_linear(x, weight, bias, options=options)
     elif path == "splitk":
@@ -427,8 +422,6 @@ def gate_up_silu(x: torch.Tensor, gate_up: torch.Tensor, options: KernelOptions 
     path = _pick(x, gate_up, True, options)
     if path == "gemv":
         return gemv(x, gate_up, silu_mul=True, options=options)
-    if path == "small_m":
-        return small_m.small_m_linear(x, gate_up, silu_mul=True, options=options)
     if path == "skinny":
         return skinny_linear(x, gate_up, silu_mul=True, options=options)
     if path == "splitk":

@@ -26,6 +26,10 @@ x); it is one rounding of the input either way, and float32 inputs take exact (i
 residual sum is rounded to x's dtype before it is squared, as fused.rms_norm does; the programs of the
 first column block store it.
 
+linear / gate_up_silu have linear.py's signatures and route x here when takes_small_m says so, to
+linear.py otherwise: models/kernel_path.Kernels hands them to the model when KernelOptions.small_m_max_rows
+is on (the default path then never calls this module).
+
 Not batch invariant (issue 18): tiles, splits and the fused norm differ from the one-row GEMV and from
 kernels/invariant.py, so KernelOptions.batch_invariant never routes here (models/kernel_path.py).
 """
@@ -37,7 +41,7 @@ import triton
 import triton.language as tl
 
 from verispec.core.options import DEFAULT_OPTIONS, KernelOptions
-from verispec.kernels import linear as lin  # linear imports this module too: its names are read at call time
+from verispec.kernels import linear as lin
 from verispec.kernels.pdl import launch_kwargs, wait_prior
 
 SMALL_M_MAX_ROWS = 16  # one BLOCK_M tile: the rows a verify of k <= 15 drafts (or a batch of 16) has
@@ -319,3 +323,26 @@ def small_m_qkv_rope_write_kv(
             num_stages=2, **launch_kwargs(x.device, options.pdl),
         )
     return q if norm is None else (q, rout)
+
+
+def takes_small_m(x: torch.Tensor, options: KernelOptions) -> bool:
+    """True where linear / gate_up_silu route x to the small-M kernel: a CUDA x of 2..small_m_max_rows
+    rows (more than gemv_max_rows: the one-row GEMV keeps its rows), last dim contiguous."""
+    rows = x.shape[0] if x.dim() == 2 else 0
+    return x.is_cuda and max(2, options.gemv_max_rows + 1) <= rows <= options.small_m_max_rows and x.stride(1) == 1
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None,
+           options: KernelOptions = DEFAULT_OPTIONS) -> torch.Tensor:
+    """linear.linear's contract, with the rows takes_small_m picks on the small-M kernel."""
+    if takes_small_m(x, options):
+        return small_m_linear(x, weight, bias, out_dtype=out_dtype, out=out, options=options)
+    return lin.linear(x, weight, bias, out_dtype=out_dtype, out=out, options=options)
+
+
+def gate_up_silu(x: torch.Tensor, gate_up: torch.Tensor, options: KernelOptions = DEFAULT_OPTIONS) -> torch.Tensor:
+    """linear.gate_up_silu's contract, with the rows takes_small_m picks on the small-M kernel."""
+    if takes_small_m(x, options):
+        return small_m_linear(x, gate_up, silu_mul=True, options=options)
+    return lin.gate_up_silu(x, gate_up, options)

@@ -27,6 +27,8 @@ class Kernels:
         # Steps of 2..small_m_max_rows rows (above gemv_max_rows): the same fused layer path on the
         # small-M tensor-core kernels.
         self.small_m_max_rows = options.small_m_max_rows
+        if self.small_m_max_rows >= 2:  # o, down and the LM head of those steps too (small_m.takes_small_m)
+            self.linear, self.gate_up_silu = small_m.linear, small_m.gate_up_silu
         self.small_m_linear, self.small_m_qkv_rope_write_kv = small_m.small_m_linear, small_m.small_m_qkv_rope_write_kv
         self.small_m_head_dim = 2 * small_m.ROPE_PAIRS  # its qkv kernel takes head dims divisible by this
         if options.batch_invariant:  # one kernel config per weight for every row count, no one-row path
