@@ -11,7 +11,8 @@
 # usage (repo root): PYTHONPATH=/tmp/site:$PWD VERISPEC_CACHE_DIR=/tmp/vcache scripts/gpu_verify.sh [--device cpu]
 #   the 0.5B is taken from /tmp/models/qwen2.5-coder-0.5b-instruct.gguf (VERISPEC_STAGE_CACHE, as
 #   gpu_gates.sh). --device cpu: a dry run on this machine (the kernels' CPU tests in the interpreter, the
-#   GPU tests collected, the ablation's variants parsed on a tiny model, the CLI flags checked).
+#   kernels compiled for sm_90 with registers and spills, the GPU tests collected, the ablation's variants
+#   parsed on a tiny model, the CLI flags checked).
 # Results: compact tails here; full logs under $OUT (default /tmp/verify_out, or the run tool's $OUT).
 set -uo pipefail
 DEVICE=cuda
@@ -40,6 +41,7 @@ ABL=(python3 scripts/step_ablation.py --model $M --context 1024 --rounds 5 --rep
 if [[ $DEVICE == cpu ]]; then
   BUDGET_S=${BUDGET_S:-900}
   step cpu_kernels 600 python3 -m pytest -q tests/test_small_m.py
+  step compile_sm90 300 python3 scripts/compile_check.py  # the kernels compiled for the H200 (no GPU needed)
   step collect 120 python3 -m pytest -q --co -m gpu tests/test_small_m.py
   step collect_decode 120 python3 -m pytest -q --co -m gpu tests/test_decode_gpu.py -k "small-m or one_row"
   step variants 120 python3 -c "

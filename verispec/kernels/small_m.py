@@ -156,20 +156,25 @@ DOWN_KS = 1024  # columns of K per split where K >= 4096 (down_proj's 8960: 9 sp
 
 
 def small_m_config(n_out: int, k: int, silu_mul: bool = False, norm: bool = False) -> dict:
-    """Tiles and K split for _small_m_kernel on an [M <= 16, k] x [k, n_out] product (guessed, not
-    measured on the GPU yet: scripts/gpu_verify.sh times them, `bench linear --sweep` sweeps them).
-    The LM head (n_out >= 32768, ~4,700 programs of 32 rows): BLOCK_K 256, the tiles streamed. K >=
-    4096 (down_proj): split into DOWN_KS columns, each split's weights (16 x 1024) all loaded before the
-    PDL wait, the partials added by the reduce kernel. Else (o, gate_up + SiLU: 16 weight rows, 8
-    outputs a program, 1,120 programs at the 1.5B): BLOCK_K 512, three tiles for K = 1536."""
+    """Tiles and K split for _small_m_kernel on an [M <= 16, k] x [k, n_out] product. Not timed on the GPU
+    yet (scripts/gpu_verify.sh times them, `bench linear --sweep` sweeps them); chosen from the sm_90
+    compile (no register spills, at most ~200 registers a thread) and the bytes of W each SM keeps in
+    flight (a program has two tiles in flight: the one multiplied and the next):
+      * the LM head (n_out >= 32768): 32 rows x 256 columns, 8 warps (~4,700 programs, 2 per SM);
+      * SiLU-and-mul (gate_up): 16 gate + 16 up rows x 128 columns, 4 warps (560 programs, 3 per SM);
+      * K >= 4096 (down_proj): split into DOWN_KS columns, 2 tiles of 16 x 512, 8 warps (864 programs),
+        the partials added by the reduce kernel;
+      * else (o): 16 rows x 512 columns, 8 warps (96 programs at the 1.5B)."""
     if n_out < 1 or k < 1:
         raise ValueError(f"small_m_config needs a non-empty weight, got n_out={n_out}, k={k}")
     kp = max(16, triton.next_power_of_2(k))
     if n_out >= 32768:
-        return dict(BLOCK_N=32, BLOCK_K=min(256, kp), SPLIT_K=1, num_warps=4, num_stages=3)
+        return dict(BLOCK_N=32, BLOCK_K=min(256, kp), SPLIT_K=1, num_warps=8, num_stages=2)
+    if silu_mul:
+        return dict(BLOCK_N=32, BLOCK_K=min(128, kp), SPLIT_K=1, num_warps=4, num_stages=2)
     if k >= 4096 and not norm:
-        return dict(BLOCK_N=16, BLOCK_K=DOWN_KS, SPLIT_K=triton.cdiv(k, DOWN_KS), num_warps=4, num_stages=2)
-    return dict(BLOCK_N=16, BLOCK_K=min(512, kp), SPLIT_K=1, num_warps=4, num_stages=2)
+        return dict(BLOCK_N=16, BLOCK_K=512, SPLIT_K=triton.cdiv(k, DOWN_KS), num_warps=8, num_stages=2)
+    return dict(BLOCK_N=16, BLOCK_K=min(512, kp), SPLIT_K=1, num_warps=8, num_stages=2)
 
 
 def _check_rows(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None) -> None:
@@ -296,7 +301,7 @@ def small_m_qkv_rope_write_kv(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, positions: torch.Tensor,
     cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
     num_heads: int, num_kv_heads: int, head_dim: int, norm: tuple[torch.Tensor, float] | None = None,
-    residual: torch.Tensor | None = None, block_k: int = 512, options: KernelOptions = DEFAULT_OPTIONS,
+    residual: torch.Tensor | None = None, block_k: int = 256, options: KernelOptions = DEFAULT_OPTIONS,
 ):
     """qkv_rope.qkv_rope_write_kv's contract for M <= 16 rows on the tensor cores: q [M, H, D] rotated,
     k (rotated) and v written into kv_cache [2, slots, KH, D] at slot_mapping (< 0: not written);
@@ -319,7 +324,7 @@ def small_m_qkv_rope_write_kv(
             q.stride(1), kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), K=k, HALF=half,
             NUM_Q=num_heads, NUM_KV=num_kv_heads, BLOCK_M=BLOCK_M, BLOCK_P=ROPE_PAIRS,
             BLOCK_K=min(block_k, max(16, triton.next_power_of_2(k))), HAS_BIAS=bias is not None,
-            NORM=norm is not None, HAS_RES=residual is not None, DOT_PREC=lin._dot_prec(x), num_warps=4,
+            NORM=norm is not None, HAS_RES=residual is not None, DOT_PREC=lin._dot_prec(x), num_warps=8,
             num_stages=2, **launch_kwargs(x.device, options.pdl),
         )
     return q if norm is None else (q, rout)
