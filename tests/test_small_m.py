@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from verispec.attention.reference import write_kv
 from verispec.core.options import KernelOptions
+from verispec.kernels import linear as lin
 from verispec.kernels import small_m as sm
 from verispec.kernels.fused import rms_norm_ref
 from verispec.models.layers.rotary import RotaryEmbedding
@@ -137,14 +138,15 @@ def test_bad_input_is_a_value_error_before_any_launch():
 
 def test_small_m_config_covers_every_layer_of_the_15b():
     """K tiles no wider than the padded K, 16 or more weight rows a program (tl.dot's N); only down_proj
-    (K >= 4096) splits K, into DOWN_KS columns each loaded in one tile; a norm never splits."""
+    (K >= 4096) splits K, into DOWN_KS columns each; a norm never splits."""
     for n, k, silu in [(2048, 1536, False), (1536, 1536, False), (8960, 1536, True), (1536, 8960, False),
                        (151936, 1536, False), (7, 20, False), (896, 4864, False)]:
         c = sm.small_m_config(n, k, silu)
         assert c["BLOCK_K"] <= max(16, 2 * k) and c["BLOCK_N"] >= 16
         assert c["SPLIT_K"] == (1 if k < 4096 else -(-k // sm.DOWN_KS))
         assert sm.small_m_config(n, k, silu, norm=True)["SPLIT_K"] == 1
-    assert sm.small_m_config(1536, 8960)["SPLIT_K"] == 9 and sm.small_m_config(1536, 8960)["BLOCK_K"] == sm.DOWN_KS
+    down = sm.small_m_config(1536, 8960)
+    assert down["SPLIT_K"] == 9 and lin.splitk_split(8960, down["BLOCK_K"], 9) == (sm.DOWN_KS, 9)
 
 
 @pytest.mark.parametrize("device,dtype", [CPU, GPU])
@@ -296,7 +298,6 @@ def test_batch_invariant_mode_never_takes_the_small_m_path():
     """Issue 18: the small-M kernels' tiles differ from the invariant kernels', so batch_invariant=True
     keeps its one split-K config for every row count even with small_m_max_rows set."""
     from verispec.kernels import invariant
-    from verispec.kernels import linear as lin
     from verispec.models.kernel_path import Kernels
 
     k = Kernels(KernelOptions(batch_invariant=True, small_m_max_rows=16))
