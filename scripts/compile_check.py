@@ -103,6 +103,22 @@ def main() -> int:
         bad += r["stack"] != 0
         print(f"{model} qkv_rope+norm N={q + 2 * kv} K={h} tiles 16x{const['BLOCK_K']} warps 8: shared {r['shared']} B, "
               f"{r['regs']} regs, spill stack {r['stack']} B")
+    # The other flag combinations the GPU tests launch (bias, split SiLU-and-mul, norm without residual, odd K).
+    for name, k, silu, norm, res, bias, split in [("bias", 333, False, False, False, True, 1),
+                                                  ("silu split", 1000, True, False, False, False, 4),
+                                                  ("norm", 77, False, True, False, False, 1),
+                                                  ("bias split", 530, False, False, False, True, 2)]:
+        c = dict(BLOCK_N=16, BLOCK_K=256 if split > 1 else 128)
+        ks, splits = lin.splitk_split(k, c["BLOCK_K"], split)
+        const = dict(K=k, KS=ks, HAS_BIAS=bias, SILU_MUL=silu, NORM=norm, HAS_RES=res, SPLIT_K=splits,
+                     BLOCK_M=sm.BLOCK_M, DOT_PREC="tf32", PDL=True, **c)
+        try:
+            r = compile_one(sm._small_m_kernel, LINEAR_ARGS, const, 4, 3)
+            print(f"test flags {name:<11} K={k} split {splits}: shared {r['shared']} B, {r['regs']} regs, "
+                  f"spill stack {r['stack']} B")
+        except Exception as e:  # noqa: BLE001
+            print(f"test flags {name}: FAILED to compile: {e}")
+            bad += 1
     print("OK" if not bad else f"{bad} kernel(s) failed or spilled")
     return 1 if bad else 0
 
