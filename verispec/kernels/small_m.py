@@ -6,8 +6,9 @@ compute (and leave down_proj and the LM head to cuBLAS). Here the rows are padde
 tile (masked loads: padding rows fetch nothing), every program streams its [BLOCK_N, K] slice of W
 exactly once, and `tl.dot` does the math on the tensor cores: the cost should stay the weight
 stream's whatever the row count up to 16. As in the GEMV, a program's first weight tile is loaded
-before the PDL wait (kernels/pdl.py), so it streams during the previous kernel's tail; each next tile
-is loaded while the one before it is multiplied.
+before the PDL wait (kernels/pdl.py), so it streams during the previous kernel's tail; each iteration
+of the K loop issues the next tiles' loads before it multiplies the current ones (Triton does not
+software-pipeline these loops on sm_90: scripts/compile_check.py shows the registers it costs).
 
   * _small_m_kernel: y = x @ W^T (+ bias), optionally SiLU-and-mul over a stacked [gate; up] weight
     (a program's 16 weight rows: 8 gate rows and the matching 8 up rows, so one dot yields both),
@@ -50,19 +51,27 @@ ROPE_PAIRS = 8  # rotary pairs per qkv program: 16 weight rows, tl.dot's smalles
 
 
 @triton.jit
-def _input_tile(x_ptr, r_ptr, rout_ptr, nw_ptr, m, m_ok, k, k_ok, stride_xm, K: tl.constexpr,
-                BLOCK_M: tl.constexpr, NORM: tl.constexpr, HAS_RES: tl.constexpr, STORE_RES):
-    """x[m, k] for one K tile, and its rows' sum of squares; with NORM the tile is x * nw (after the
-    residual add with HAS_RES, whose sum the caller's STORE_RES programs write to rout)."""
+def _load_x(x_ptr, r_ptr, m, m_ok, k, k_ok, stride_xm, K: tl.constexpr, HAS_RES: tl.constexpr):
+    """The raw tiles x[m, k] and (HAS_RES) residual[m, k] (else x again, not loaded twice)."""
     mask = m_ok[:, None] & k_ok[None, :]
     x = tl.load(x_ptr + m.to(tl.int64)[:, None] * stride_xm + k[None, :], mask=mask, other=0.0)
+    r = x
+    if HAS_RES:
+        r = tl.load(r_ptr + m.to(tl.int64)[:, None] * K + k[None, :], mask=mask, other=0.0)
+    return x, r
+
+
+@triton.jit
+def _prep_x(x, r, rout_ptr, nw_ptr, m, m_ok, k, k_ok, K: tl.constexpr, BLOCK_M: tl.constexpr, NORM: tl.constexpr,
+            HAS_RES: tl.constexpr, STORE_RES):
+    """One K tile of the dot's input and its rows' sum of squares: x as is, or with NORM x * nw after
+    the residual add (HAS_RES; its sum rounded to x's dtype, stored to rout by the STORE_RES programs)."""
     ss = tl.zeros([BLOCK_M], tl.float32)
     if NORM:
         if HAS_RES:
-            res = m.to(tl.int64)[:, None] * K + k[None, :]
-            x = (x.to(tl.float32) + tl.load(r_ptr + res, mask=mask, other=0.0).to(tl.float32)).to(x.dtype)
+            x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
             if STORE_RES:
-                tl.store(rout_ptr + res, x, mask=mask)
+                tl.store(rout_ptr + m.to(tl.int64)[:, None] * K + k[None, :], x, mask=m_ok[:, None] & k_ok[None, :])
         xf = x.to(tl.float32)
         ss = tl.sum(xf * xf, 1)
         x = (xf * tl.load(nw_ptr + k, mask=k_ok, other=0.0).to(tl.float32)[None, :]).to(x.dtype)
@@ -102,8 +111,9 @@ def _small_m_kernel(
 ):
     """Grid (column blocks, SPLIT_K): the program's BLOCK_N weight rows (_weight_rows) against every
     row of x over K range [s * KS, (s + 1) * KS). Its first [BLOCK_N, BLOCK_K] weight tile is loaded
-    before the PDL wait (with BLOCK_K >= KS: all of its weights, as the one-row GEMV), each next one
-    while the tile before it is multiplied. SPLIT_K == 1: bias, SiLU-and-mul and the store (rounded
+    before the PDL wait (with BLOCK_K >= KS: all of its weights, as the one-row GEMV); each iteration
+    issues the next tiles' loads (W, x, the residual) before it multiplies the current ones, since
+    Triton does not software-pipeline these loops (no cp.async in the sm_90 PTX). SPLIT_K == 1: bias, SiLU-and-mul and the store (rounded
     to x's dtype, then stored in out's dtype: float32 logits as F.linear(...).float()). Else the
     float32 partials go to ws [SPLIT_K, M, N_OUT] ([SPLIT_K, M, 2 N_OUT] with SILU_MUL: gate columns,
     then up), linear._splitk_reduce_kernel's layout."""
@@ -119,14 +129,16 @@ def _small_m_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     ss = tl.zeros([BLOCK_M], tl.float32)
     wait_prior(PDL)
+    x, r = _load_x(x_ptr, r_ptr, m, m_ok, kr, kr < k_end, stride_xm, K, NORM and HAS_RES)
     for k0 in range(0, KS, BLOCK_K):  # a constant trip count; the K tail is masked
         k = k0 + kr
-        x, ss_t = _input_tile(x_ptr, r_ptr, rout_ptr, nw_ptr, m, m_ok, k, k < k_end, stride_xm, K, BLOCK_M, NORM,
-                              HAS_RES, pid_n == 0)
+        kn = k + BLOCK_K  # the next tiles first (past the split's end fully masked: no traffic)
+        w_next = tl.load(w_rows + kn[None, :], mask=n_ok[:, None] & (kn < k_end)[None, :], other=0.0)
+        x_next, r_next = _load_x(x_ptr, r_ptr, m, m_ok, kn, kn < k_end, stride_xm, K, NORM and HAS_RES)
+        xp, ss_t = _prep_x(x, r, rout_ptr, nw_ptr, m, m_ok, k, k < k_end, K, BLOCK_M, NORM, HAS_RES, pid_n == 0)
         ss += ss_t
-        acc += tl.dot(x, tl.trans(w), input_precision=DOT_PREC)
-        kn = k + BLOCK_K  # the next tile (no traffic past the split's end: fully masked)
-        w = tl.load(w_rows + kn[None, :], mask=n_ok[:, None] & (kn < k_end)[None, :], other=0.0)
+        acc += tl.dot(xp, tl.trans(w), input_precision=DOT_PREC)
+        w, x, r = w_next, x_next, r_next
     if NORM:
         acc *= (1.0 / tl.sqrt(ss / K + eps))[:, None]
     m_rows = m.to(tl.int64)[:, None]
@@ -266,14 +278,16 @@ def _small_m_qkv_rope_kernel(
     acc = tl.zeros([BLOCK_M, 2 * BLOCK_P], tl.float32)
     ss = tl.zeros([BLOCK_M], tl.float32)
     wait_prior(PDL)
+    x, r = _load_x(x_ptr, r_ptr, m, m_ok, kr, kr < K, stride_xm, K, NORM and HAS_RES)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + kr
-        x, ss_t = _input_tile(x_ptr, r_ptr, rout_ptr, nw_ptr, m, m_ok, k, k < K, stride_xm, K, BLOCK_M, NORM, HAS_RES,
-                              tl.program_id(0) == 0)
+        kn = k + BLOCK_K  # the next tiles first
+        w_next = tl.load(w_rows + kn[None, :], mask=(kn < K)[None, :], other=0.0)
+        x_next, r_next = _load_x(x_ptr, r_ptr, m, m_ok, kn, kn < K, stride_xm, K, NORM and HAS_RES)
+        xp, ss_t = _prep_x(x, r, rout_ptr, nw_ptr, m, m_ok, k, k < K, K, BLOCK_M, NORM, HAS_RES, tl.program_id(0) == 0)
         ss += ss_t
-        acc += tl.dot(x, tl.trans(w), input_precision=DOT_PREC)
-        kn = k + BLOCK_K
-        w = tl.load(w_rows + kn[None, :], mask=(kn < K)[None, :], other=0.0)
+        acc += tl.dot(xp, tl.trans(w), input_precision=DOT_PREC)
+        w, x, r = w_next, x_next, r_next
     if NORM:
         acc *= (1.0 / tl.sqrt(ss / K + eps))[:, None]
     if HAS_BIAS:
