@@ -147,6 +147,17 @@ def test_small_m_config_covers_every_layer_of_the_15b():
         assert sm.small_m_config(n, k, silu, norm=True)["SPLIT_K"] == 1
     down = sm.small_m_config(1536, 8960)
     assert down["SPLIT_K"] == 9 and lin.splitk_split(8960, down["BLOCK_K"], 9) == (sm.DOWN_KS, 9)
+    with pytest.raises(ValueError, match="non-empty weight"):
+        sm.small_m_config(0, 10)
+
+
+def test_default_config_is_not_consumed_by_a_launch():
+    """small_m_config is cached per shape; a launch with the default tiles must leave the cached dict whole."""
+    x, w = rand(3, 40, seed=1, device="cpu", dtype=torch.float32), rand(24, 40, seed=2, device="cpu", dtype=torch.float32)
+    first = sm.small_m_linear(x, w)
+    assert "SPLIT_K" in sm.small_m_config(24, 40)
+    assert torch.equal(sm.small_m_linear(x, w), first)
+    torch.testing.assert_close(first, ref_linear(x, w), **tol(torch.float32))
 
 
 @pytest.mark.parametrize("device,dtype", [CPU, GPU])

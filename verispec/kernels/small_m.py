@@ -37,6 +37,8 @@ kernels/invariant.py, so KernelOptions.batch_invariant never routes here (models
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -167,6 +169,7 @@ def _small_m_kernel(
 DOWN_KS = 1024  # columns of K per split where K >= 4096 (down_proj's 8960: 9 splits, 864 programs)
 
 
+@functools.lru_cache(maxsize=256)
 def small_m_config(n_out: int, k: int, silu_mul: bool = False, norm: bool = False) -> dict:
     """Tiles and K split for _small_m_kernel on an [M <= 16, k] x [k, n_out] product. Not timed on the GPU
     yet (scripts/gpu_verify.sh times them, `bench linear --sweep` sweeps them); chosen from the sm_90
@@ -176,7 +179,8 @@ def small_m_config(n_out: int, k: int, silu_mul: bool = False, norm: bool = Fals
       * SiLU-and-mul (gate_up): 16 gate + 16 up rows x 128 columns, 4 warps (560 programs, 3 per SM);
       * K >= 4096 (down_proj): split into DOWN_KS columns, 2 tiles of 16 x 512, 8 warps (864 programs),
         the partials added by the reduce kernel;
-      * else (o): 16 rows x 512 columns, 8 warps (96 programs at the 1.5B)."""
+      * else (o): 16 rows x 512 columns, 8 warps (96 programs at the 1.5B).
+    Cached per shape: callers copy the dict before they change it."""
     if n_out < 1 or k < 1:
         raise ValueError(f"small_m_config needs a non-empty weight, got n_out={n_out}, k={k}")
     kp = max(16, triton.next_power_of_2(k))
