@@ -318,3 +318,38 @@ def test_batch_invariant_mode_never_takes_the_small_m_path():
     assert on.linear is sm.linear and on.gate_up_silu is sm.gate_up_silu and on.small_m_max_rows == 16
     off = Kernels(KernelOptions())  # the default path is linear.py's, untouched
     assert off.linear is lin.linear and off.gate_up_silu is lin.gate_up_silu and off.small_m_max_rows == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("batch,qlen", [(1, 5), (1, 16), (3, 4), (4, 1)])
+def test_graph_replay_of_small_m_steps(batch, qlen):
+    """A 2-layer random model in the 0.5B's shapes on the small-M layer path: the CUDA-graph replay of a
+    verify step (or a 4-sequence decode) equals its eager forward bit for bit (same kernels; PDL and the
+    split-K workspace inside a graph), and both agree with the default kernel path within bf16 rounding."""
+    from verispec.bench.models import random_model, shapes_for
+    from verispec.bench.profile import _step_inputs
+    from verispec.models.kernel_path import enable_triton
+    from verispec.worker.graphs import CudaGraphRunner
+
+    model = random_model(shapes_for("qwen2.5-coder-0.5b-instruct", {"num_layers": 2}), torch.device("cuda"),
+                         torch.bfloat16)
+    kv, ids, pos, meta = _step_inputs(model, batch, qlen, 100, 16, torch.device("cuda"))
+    rows = batch * qlen
+    try:
+        with torch.inference_mode():
+            enable_triton(model, options=KernelOptions())
+            base = model.compute_logits(model(ids, pos, meta, kv)[0]).float()
+            enable_triton(model, options=KernelOptions(small_m_max_rows=16))
+            eager = model.compute_logits(model(ids, pos, meta, kv)[0]).float()
+            g = CudaGraphRunner(model, kv, max_batch=batch, query_lens=(qlen,), block_size=16,
+                                max_blocks_per_seq=meta.block_tables.shape[1], with_logits=True, progress=False,
+                                lazy=True)
+            out = g.run(ids, pos, meta, batch, qlen)
+            assert out is not None
+            graph = out.logits[:rows].float().clone()
+    finally:
+        enable_triton(model, on=False)
+    assert torch.equal(graph, eager), f"graph vs eager: max |diff| {(graph - eager).abs().max().item():.3g}"
+    rel = (eager - base).norm(dim=-1) / base.norm(dim=-1)
+    assert rel.max() < 3e-2, rel
