@@ -62,8 +62,9 @@ BUDGET_S=${BUDGET_S:-180}
 # 1. The ratio: batch 1, query 1 (decode) then 4 / 8 / 16 (k = 3 / 7 / 15), base vs the small-M path;
 #    every row prints its replay time over base at query 1, and its max logit difference from base.
 TAIL=20 step ratio 110 "${ABL[@]}" --batch-sizes 1 --query-len 1,4,8,16 --variants base,small-m=16
-# 2. The kernels against torch float32 references (odd sizes, bf16; the 1.5B's down_proj and LM head).
-step kernels 60 python3 -m pytest -q -m gpu tests/test_small_m.py
+# 2. The kernels against torch float32 references (odd sizes, bf16; the 1.5B's down_proj and LM head), and
+#    CUDA-graph replays of small-M steps (2-layer random model) equal to eager, close to the default path.
+step kernels 70 python3 -m pytest -q -m gpu tests/test_small_m.py
 # 3. The real 0.5B: verify rows (2, 5, 16 queries) on the small-M path vs the torch path, and the one-row
 #    decode path (refactored into DecoderLayer._forward_fused) unchanged.
 step pull 30 "${CLI[@]}" pull $D  # adopts /tmp/models' file (VERISPEC_STAGE_CACHE), as gpu_gates.sh
