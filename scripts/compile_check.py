@@ -1,4 +1,4 @@
-"""Compile the small-M kernels (verispec/kernels/small_m.py) for the H200 (sm_90) on a machine without a GPU.
+"""Compile the small-M kernels (verispec/kernels/small_m.py, small_m_qkv.py) for the H200 (sm_90) on a machine without a GPU.
 
 Triton's wheel carries ptxas, so a kernel can be compiled to a cubin with no driver: this catches the
 errors the CPU interpreter cannot see (layouts, tl.dot shapes, shared memory) before the one GPU shot,
@@ -30,6 +30,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from verispec.bench.models import shapes_for  # noqa: E402
 from verispec.kernels import linear as lin  # noqa: E402
 from verispec.kernels import small_m as sm  # noqa: E402
+from verispec.kernels import small_m_qkv as smq  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
@@ -92,10 +93,10 @@ def main() -> int:
             print(f"{model} {name:<13} N={n_out} K={k} tiles {c['BLOCK_N']}x{c['BLOCK_K']} split {split} "
                   f"warps {c['num_warps']}: shared {r['shared']} B, {r['regs']} regs, spill stack {r['stack']} B")
         const = dict(K=h, HALF=cfg.head_dim // 2, NUM_Q=cfg.num_heads, NUM_KV=cfg.num_kv_heads, BLOCK_M=sm.BLOCK_M,
-                     BLOCK_P=sm.ROPE_PAIRS, BLOCK_K=min(256, triton.next_power_of_2(h)), HAS_BIAS=cfg.qkv_bias,
+                     BLOCK_P=smq.ROPE_PAIRS, BLOCK_K=min(256, triton.next_power_of_2(h)), HAS_BIAS=cfg.qkv_bias,
                      NORM=True, HAS_RES=True, DOT_PREC="tf32", PDL=True)
         try:
-            r = compile_one(sm._small_m_qkv_rope_kernel, QKV_ARGS, const, 8, 2)
+            r = compile_one(smq._small_m_qkv_rope_kernel, QKV_ARGS, const, 8, 2)
         except Exception as e:  # noqa: BLE001
             print(f"{model} qkv_rope: FAILED to compile: {e}")
             bad += 1

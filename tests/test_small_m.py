@@ -11,6 +11,7 @@ from verispec.attention.reference import write_kv
 from verispec.core.options import KernelOptions
 from verispec.kernels import linear as lin
 from verispec.kernels import small_m as sm
+from verispec.kernels import small_m_qkv as smq
 from verispec.kernels.fused import rms_norm_ref
 from verispec.models.layers.rotary import RotaryEmbedding
 
@@ -127,7 +128,7 @@ def test_bad_input_is_a_value_error_before_any_launch():
     with pytest.raises(ValueError, match="contiguous last"):
         sm.small_m_linear(torch.zeros(32, 4).T, w)
     with pytest.raises(ValueError, match="head_dim 8"):
-        sm.small_m_qkv_rope_write_kv(torch.zeros(2, 32), torch.zeros(32, 32), None, torch.zeros(2, dtype=torch.long),
+        smq.small_m_qkv_rope_write_kv(torch.zeros(2, 32), torch.zeros(32, 32), None, torch.zeros(2, dtype=torch.long),
                                      torch.zeros(8, 4), torch.zeros(8, 4), torch.zeros(2, 4, 1, 8),
                                      torch.zeros(2, dtype=torch.long), 2, 1, 8)
     with pytest.raises(ValueError, match="no bias with silu_mul"):
@@ -194,7 +195,7 @@ def test_small_m_qkv_rope_write_kv(device, dtype, m, heads, kv_heads, head_dim, 
     write_kv(want, ref_k[ok], v.reshape(m, kv_heads, head_dim)[ok], slots[ok])
 
     got = cache.clone()
-    res = sm.small_m_qkv_rope_write_kv(x, w, b, pos, rot.cos, rot.sin, got, slots, heads, kv_heads, head_dim,
+    res = smq.small_m_qkv_rope_write_kv(x, w, b, pos, rot.cos, rot.sin, got, slots, heads, kv_heads, head_dim,
                                        norm=(nw, 1e-6) if norm else None, residual=r,
                                        block_k=32 if device == "cpu" else 512)
     out = res[0] if norm else res
@@ -271,7 +272,7 @@ def test_fused_layer_path_on_the_small_m_kernels_matches_the_torch_path():
     def fused(layer):
         def forward(x, residual, positions, rotary, meta, kv_cache, backend):
             return layer._forward_fused(x, residual, positions, rotary, meta, kv_cache, backend, None,
-                                        sm.small_m_qkv_rope_write_kv, sm.small_m_linear)
+                                        smq.small_m_qkv_rope_write_kv, sm.small_m_linear)
         return forward
 
     def run(chunks_per_step, fused_steps: set[int]):

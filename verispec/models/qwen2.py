@@ -158,7 +158,7 @@ class DecoderLayer(nn.Module):
         docs/BENCHMARKS.md, session 4); the qkv kernel writes K/V into the paged cache itself. pf:
         what the attention launch asks L2 for (the head of gate_up's weight). qkv_rope / norm_linear:
         the one-row kernels (qkv_rope.qkv_rope_write_kv, linear.gemv) or the 2..16-row ones
-        (small_m.small_m_qkv_rope_write_kv, small_m.small_m_linear); o and down go through
+        (small_m_qkv.small_m_qkv_rope_write_kv, small_m.small_m_linear); o and down go through
         Kernels.linear, which picks the same family by row count."""
         attn, mlp, ln1, ln2 = self.self_attn, self.mlp, self.input_layernorm, self.post_attention_layernorm
         k_ = attn.kernels
