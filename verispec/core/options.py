@@ -48,7 +48,7 @@ class KernelOptions:
     # split over K: the split-K kernel instead of cuBLAS.
     small_splitk: bool = False
     # Steps of 2..small_m_max_rows rows (a batch-1 verify of k <= 15 drafts; up to 16) take the small-M
-    # tensor-core kernels (kernels/small_m.py) for every linear layer, the LM head included, and the
+    # tensor-core kernels (kernels/small_m.py, small_m_qkv.py) for every linear layer, the LM head included, and the
     # fused layer path (norms in the qkv / gate_up prologues, rotary + K/V write in the qkv kernel).
     # 0: off, the paths above (default until the H200 measures it: scripts/gpu_verify.sh).
     small_m_max_rows: int = 0
@@ -66,7 +66,6 @@ class KernelOptions:
     # and merges the splits in one order (kernels/paged_attention.py).
     batch_invariant: bool = False
     invariant_kv_split: int = 256
-
 
     def __post_init__(self) -> None:
         if not 0 <= self.small_m_max_rows <= 16:
