@@ -1,4 +1,4 @@
-"""Compile the small-M kernels (verispec/kernels/small_m.py, small_m_qkv.py) for the H200 (sm_90) on a machine without a GPU.
+"""Compile the small-M kernels (kernels/small_m.py, small_m_qkv.py) for the H200 (sm_90) without a GPU.
 
 Triton's wheel carries ptxas, so a kernel can be compiled to a cubin with no driver: this catches the
 errors the CPU interpreter cannot see (layouts, tl.dot shapes, shared memory) before the one GPU shot,
@@ -102,8 +102,8 @@ def main() -> int:
             bad += 1
             continue
         bad += r["stack"] != 0
-        print(f"{model} qkv_rope+norm N={q + 2 * kv} K={h} tiles 16x{const['BLOCK_K']} warps 8: shared {r['shared']} B, "
-              f"{r['regs']} regs, spill stack {r['stack']} B")
+        print(f"{model} qkv_rope+norm N={q + 2 * kv} K={h} tiles 16x{const['BLOCK_K']} warps 8: "
+              f"shared {r['shared']} B, {r['regs']} regs, spill stack {r['stack']} B")
     # The other flag combinations the GPU tests launch (bias, split SiLU-and-mul, norm without residual, odd K).
     for name, k, silu, norm, res, bias, split in [("bias", 333, False, False, False, True, 1),
                                                   ("silu split", 1000, True, False, False, False, 4),

@@ -154,7 +154,8 @@ def test_small_m_config_covers_every_layer_of_the_15b():
 
 def test_default_config_is_not_consumed_by_a_launch():
     """small_m_config is cached per shape; a launch with the default tiles must leave the cached dict whole."""
-    x, w = rand(3, 40, seed=1, device="cpu", dtype=torch.float32), rand(24, 40, seed=2, device="cpu", dtype=torch.float32)
+    x = rand(3, 40, seed=1, device="cpu", dtype=torch.float32)
+    w = rand(24, 40, seed=2, device="cpu", dtype=torch.float32)
     first = sm.small_m_linear(x, w)
     assert "SPLIT_K" in sm.small_m_config(24, 40)
     assert torch.equal(sm.small_m_linear(x, w), first)

@@ -68,6 +68,7 @@ class KernelOptions:
     invariant_kv_split: int = 256
 
     def __post_init__(self) -> None:
+        """A bad value is a ValueError when the options are built, before any kernel runs."""
         if not 0 <= self.small_m_max_rows <= 16:
             raise ValueError(f"small_m_max_rows must be 0 (off) or up to 16, got {self.small_m_max_rows}")
 

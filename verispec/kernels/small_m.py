@@ -11,7 +11,8 @@ of the K loop issues the next tiles' loads before it multiplies the current ones
 software-pipeline these loops on sm_90: scripts/compile_check.py shows the registers it costs).
 
   * _small_m_kernel: y = x @ W^T (+ bias), optionally SiLU-and-mul over a stacked [gate; up] weight
-    (a program's 16 weight rows: 8 gate rows and the matching 8 up rows, so one dot yields both),
+    (a program's BLOCK_N weight rows: BLOCK_N / 2 gate rows and the matching up rows, so one dot
+    yields both),
     optionally RMSNorm(x (+ residual)) * nw in the prologue, and split over K (SPLIT_K > 1: float32
     partials, added in split order by linear.py's reduce kernel; never with the norm).
   * kernels/small_m_qkv.py builds the attention's input (norm + qkv + rotary + K/V write) from the same
@@ -113,10 +114,10 @@ def _small_m_kernel(
     row of x over K range [s * KS, (s + 1) * KS). Its first [BLOCK_N, BLOCK_K] weight tile is loaded
     before the PDL wait (with BLOCK_K >= KS: all of its weights, as the one-row GEMV); each iteration
     issues the next tiles' loads (W, x, the residual) before it multiplies the current ones, since
-    Triton does not software-pipeline these loops (no cp.async in the sm_90 PTX). SPLIT_K == 1: bias, SiLU-and-mul and the store (rounded
-    to x's dtype, then stored in out's dtype: float32 logits as F.linear(...).float()). Else the
-    float32 partials go to ws [SPLIT_K, M, N_OUT] ([SPLIT_K, M, 2 N_OUT] with SILU_MUL: gate columns,
-    then up), linear._splitk_reduce_kernel's layout."""
+    Triton does not software-pipeline these loops (no cp.async in the sm_90 PTX). SPLIT_K == 1: bias,
+    SiLU-and-mul and the store (rounded to x's dtype, then stored in out's dtype: float32 logits as
+    F.linear(...).float()). Else the float32 partials go to ws [SPLIT_K, M, N_OUT] ([SPLIT_K, M, 2 N_OUT]
+    with SILU_MUL: gate columns, then up), linear._splitk_reduce_kernel's layout."""
     pid_n = tl.program_id(0)
     s = tl.program_id(1)
     row, n, n_ok = _weight_rows(pid_n, N_OUT, UP_OFFSET, BLOCK_N, SILU_MUL)

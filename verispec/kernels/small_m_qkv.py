@@ -60,7 +60,8 @@ def _small_m_qkv_rope_kernel(
         kn = k + BLOCK_K  # the next tiles first
         w_next = tl.load(w_rows + kn[None, :], mask=(kn < K)[None, :], other=0.0)
         x_next, r_next = _load_x(x_ptr, r_ptr, m, m_ok, kn, kn < K, stride_xm, K, NORM and HAS_RES)
-        xp, ss_t = _prep_x(x, r, rout_ptr, nw_ptr, m, m_ok, k, k < K, K, BLOCK_M, NORM, HAS_RES, tl.program_id(0) == 0)
+        xp, ss_t = _prep_x(x, r, rout_ptr, nw_ptr, m, m_ok, k, k < K, K, BLOCK_M, NORM, HAS_RES,
+                           tl.program_id(0) == 0)
         ss += ss_t
         acc += tl.dot(xp, tl.trans(w), input_precision=DOT_PREC)
         w, x, r = w_next, x_next, r_next

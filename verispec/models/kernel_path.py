@@ -29,7 +29,8 @@ class Kernels:
         self.small_m_max_rows = options.small_m_max_rows
         if self.small_m_max_rows >= 2:  # o, down and the LM head of those steps too (small_m.takes_small_m)
             self.linear, self.gate_up_silu = small_m.linear, small_m.gate_up_silu
-        self.small_m_linear, self.small_m_qkv_rope_write_kv = small_m.small_m_linear, small_m_qkv.small_m_qkv_rope_write_kv
+        self.small_m_linear = small_m.small_m_linear
+        self.small_m_qkv_rope_write_kv = small_m_qkv.small_m_qkv_rope_write_kv
         self.small_m_head_dim = 2 * small_m_qkv.ROPE_PAIRS  # its qkv kernel takes head dims divisible by this
         if options.batch_invariant:  # one kernel config per weight for every row count, no one-row path
             from verispec.kernels import invariant
