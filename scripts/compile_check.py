@@ -93,7 +93,7 @@ def main() -> int:
             print(f"{model} {name:<13} N={n_out} K={k} tiles {c['BLOCK_N']}x{c['BLOCK_K']} split {split} "
                   f"warps {c['num_warps']}: shared {r['shared']} B, {r['regs']} regs, spill stack {r['stack']} B")
         const = dict(K=h, HALF=cfg.head_dim // 2, NUM_Q=cfg.num_heads, NUM_KV=cfg.num_kv_heads, BLOCK_M=sm.BLOCK_M,
-                     BLOCK_P=smq.ROPE_PAIRS, BLOCK_K=min(256, triton.next_power_of_2(h)), HAS_BIAS=cfg.qkv_bias,
+                     BLOCK_P=smq.ROPE_PAIRS, BLOCK_K=smq.qkv_block_k(h), HAS_BIAS=cfg.qkv_bias,
                      NORM=True, HAS_RES=True, DOT_PREC="tf32", PDL=True)
         try:
             r = compile_one(smq._small_m_qkv_rope_kernel, QKV_ARGS, const, 8, 2)

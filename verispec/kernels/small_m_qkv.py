@@ -25,6 +25,13 @@ from verispec.kernels.small_m import BLOCK_M, _check_rows, _halves, _load_x, _pr
 ROPE_PAIRS = 8  # rotary pairs per program: 16 weight rows, tl.dot's smallest N
 
 
+def qkv_block_k(k: int) -> int:
+    """The K tile for a hidden size k (8 warps, no spills on sm_90: scripts/compile_check.py): 512 from
+    k = 1024 (the 1.5B: three dependent steps for 1536 where 256 took six; one program per SM, so the
+    221 registers do not bind), else 256 (the 0.5B's 896 spilled at 512)."""
+    return 512 if k >= 1024 else min(256, max(16, triton.next_power_of_2(k)))
+
+
 @triton.jit
 def _small_m_qkv_rope_kernel(
     x_ptr, w_ptr, b_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, q_ptr, cache_ptr, nw_ptr, r_ptr, rout_ptr, eps, M,
@@ -92,11 +99,12 @@ def small_m_qkv_rope_write_kv(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, positions: torch.Tensor,
     cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
     num_heads: int, num_kv_heads: int, head_dim: int, norm: tuple[torch.Tensor, float] | None = None,
-    residual: torch.Tensor | None = None, block_k: int = 256, options: KernelOptions = DEFAULT_OPTIONS,
+    residual: torch.Tensor | None = None, block_k: int | None = None, options: KernelOptions = DEFAULT_OPTIONS,
 ):
     """qkv_rope.qkv_rope_write_kv's contract for M <= 16 rows on the tensor cores: q [M, H, D] rotated,
     k (rotated) and v written into kv_cache [2, slots, KH, D] at slot_mapping (< 0: not written);
-    with norm=(weight, eps) returns (q, the new residual). head_dim must be a multiple of 2 * ROPE_PAIRS."""
+    with norm=(weight, eps) returns (q, the new residual). head_dim must be a multiple of 2 * ROPE_PAIRS;
+    block_k: the K tile (None: qkv_block_k)."""
     _check_rows(x, weight, residual)
     m, k = x.shape
     half = head_dim // 2
@@ -114,7 +122,7 @@ def small_m_qkv_rope_write_kv(
             residual if residual is not None else x, rout, eps, m, x.stride(0), weight.stride(0), q.stride(0),
             q.stride(1), kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), K=k, HALF=half,
             NUM_Q=num_heads, NUM_KV=num_kv_heads, BLOCK_M=BLOCK_M, BLOCK_P=ROPE_PAIRS,
-            BLOCK_K=min(block_k, max(16, triton.next_power_of_2(k))), HAS_BIAS=bias is not None,
+            BLOCK_K=block_k or qkv_block_k(k), HAS_BIAS=bias is not None,
             NORM=norm is not None, HAS_RES=residual is not None, DOT_PREC=lin._dot_prec(x), num_warps=8,
             num_stages=2, **launch_kwargs(x.device, options.pdl),
         )
