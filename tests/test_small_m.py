@@ -324,11 +324,13 @@ def test_batch_invariant_mode_never_takes_the_small_m_path():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("batch,qlen", [(1, 5), (1, 16), (3, 4), (4, 1)])
-def test_graph_replay_of_small_m_steps(batch, qlen):
+@pytest.mark.parametrize("batch,qlen,max_batch", [(1, 5, 1), (1, 16, 1), (3, 4, 3), (3, 4, 4), (4, 1, 4)])
+def test_graph_replay_of_small_m_steps(batch, qlen, max_batch):
     """A 2-layer random model in the 0.5B's shapes on the small-M layer path: the CUDA-graph replay of a
     verify step (or a 4-sequence decode) equals its eager forward bit for bit (same kernels; PDL and the
-    split-K workspace inside a graph), and both agree with the default kernel path within bf16 rounding."""
+    split-K workspace inside a graph); replayed in a graph padded to max_batch sequences (padding rows:
+    no cache writes) it agrees within bf16 rounding (attention may split differently), and every run
+    agrees with the default kernel path within bf16 rounding."""
     from verispec.bench.models import random_model, shapes_for
     from verispec.bench.profile import _step_inputs
     from verispec.models.kernel_path import enable_triton
@@ -344,7 +346,7 @@ def test_graph_replay_of_small_m_steps(batch, qlen):
             base = model.compute_logits(model(ids, pos, meta, kv)[0]).float()
             enable_triton(model, options=KernelOptions(small_m_max_rows=16))
             eager = model.compute_logits(model(ids, pos, meta, kv)[0]).float()
-            g = CudaGraphRunner(model, kv, max_batch=batch, query_lens=(qlen,), block_size=16,
+            g = CudaGraphRunner(model, kv, max_batch=max_batch, query_lens=(qlen,), block_size=16,
                                 max_blocks_per_seq=meta.block_tables.shape[1], with_logits=True, progress=False,
                                 lazy=True)
             out = g.run(ids, pos, meta, batch, qlen)
@@ -352,6 +354,8 @@ def test_graph_replay_of_small_m_steps(batch, qlen):
             graph = out.logits[:rows].float().clone()
     finally:
         enable_triton(model, on=False)
-    assert torch.equal(graph, eager), f"graph vs eager: max |diff| {(graph - eager).abs().max().item():.3g}"
-    rel = (eager - base).norm(dim=-1) / base.norm(dim=-1)
-    assert rel.max() < 3e-2, rel
+    if max_batch == batch:
+        assert torch.equal(graph, eager), f"graph vs eager: max |diff| {(graph - eager).abs().max().item():.3g}"
+    for got in (eager, graph):
+        rel = (got - base).norm(dim=-1) / base.norm(dim=-1)
+        assert rel.max() < 3e-2, rel
