@@ -7,6 +7,8 @@ shows as a large difference).
 
     python3 scripts/step_ablation.py --batch-sizes 1,64 --context 256 \
         --variants base,no-attention,splits=8,no-pdl+splits=8
+    python3 scripts/step_ablation.py --batch-sizes 1 --context 1024 --query-len 1,4,8,16 \
+        --variants base,small-m=16    # verify / decode with and without the small-M kernels
 Variants (comma-separated, the first is the reference; "+" joins parts):
   base               the defaults
   logits-cast        the LM head's output cast to float32 by a separate kernel (a stand-in)
@@ -18,6 +20,8 @@ Variants (comma-separated, the first is the reference; "+" joins parts):
   no-pdl             programmatic dependent launch off (pdl)
   gemv=R             the GEMV and the fused layer path for steps of up to R rows (gemv_max_rows)
   small-splitk       2..16 rows of down_proj through the split-K kernel, not cuBLAS (small_splitk)
+  small-m=R          2..R rows (R <= 16) on the small-M tensor-core kernels and the fused layer path
+                     (small_m_max_rows; kernels/small_m.py)
   l2=MB              attention asks L2 for MB of the next gate_up weight (l2_prefetch_bytes; 0: off)
   l2rows=N           ... in steps of up to N tokens (l2_prefetch_max_rows)
   l2seqs=N           ... in steps of up to N sequences (l2_prefetch_max_seqs)
@@ -45,7 +49,7 @@ from verispec.worker.graphs import CudaGraphRunner  # noqa: E402
 
 FIELDS = {"splits": ("attn_num_splits", int), "pps": ("attn_programs_per_sm", int),
           "splitk": ("splitk_max_rows", int), "splitk-min": ("splitk_min_rows", int),
-          "gemv": ("gemv_max_rows", int),
+          "gemv": ("gemv_max_rows", int), "small-m": ("small_m_max_rows", int),
           "l2": ("l2_prefetch_bytes", lambda mb: int(float(mb) * (1 << 20))),
           "l2rows": ("l2_prefetch_max_rows", int), "l2seqs": ("l2_prefetch_max_seqs", int)}
 
@@ -53,7 +57,7 @@ FIELDS = {"splits": ("attn_num_splits", int), "pps": ("attn_programs_per_sm", in
 class NoAttention(TritonBackend):
     """The Triton backend with attention replaced by returning q (its K/V write stays)."""
 
-    def forward(self, q, kv_cache, meta, scale, prefetch=None):
+    def forward(self, q, kv_cache, meta, scale, prefetch=None, window=0):
         return q
 
 
@@ -93,8 +97,10 @@ def main() -> int:
     ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
     ap.add_argument("--batch-sizes", default="1,64")
     ap.add_argument("--context", type=int, default=256)
-    ap.add_argument("--query-len", type=int, default=1)
-    ap.add_argument("--variants", default="base,meta-late,no-attention")
+    ap.add_argument("--query-len", default="1",
+                    help="comma-separated new tokens per sequence (1 + k for a verify); with 1 listed, every "
+                         "row also prints its time over the first variant's at query 1 (verify / decode)")
+    ap.add_argument("--variants", default="base,no-attention")
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
@@ -102,41 +108,56 @@ def main() -> int:
     cfg = shapes_for(args.model)
     model = random_model(cfg, dev, torch.bfloat16)
     names = args.variants.split(",")
+    qlens = [int(q) for q in args.query_len.split(",")]
     for batch in (int(b) for b in args.batch_sizes.split(",")):
-        kv, ids, pos, meta = _step_inputs(model, batch, args.query_len, args.context, 16, dev)
-        runners, logits = {}, {}
-        for name in names:
-            variant(model, name)  # the graph runner stages with the model's options
-            g = CudaGraphRunner(model, kv, max_batch=batch, query_lens=(args.query_len,), block_size=16,
-                                max_blocks_per_seq=meta.block_tables.shape[1], with_logits=True,
-                                progress=False, lazy=True)
-            out = g.run(ids, pos, meta, batch, args.query_len)
-            logits[name] = out.logits[: batch * args.query_len].float().clone()
-            runners[name] = g
-        variant(model, "base")
-        times: dict[str, list[float]] = {n: [] for n in names}
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        for _ in range(args.rounds):
-            for name in names:  # a replay runs the captured kernels (and stages with its runner's options)
-                g = runners[name]
-                for _ in range(5):
-                    g.run(ids, pos, meta, batch, args.query_len)
-                a.record()
-                for _ in range(args.reps):
-                    g.run(ids, pos, meta, batch, args.query_len)
-                b.record()
-                torch.cuda.synchronize()
-                times[name].append(a.elapsed_time(b) * 1e3 / args.reps)
-        ref = logits[names[0]]
-        print(f"batch {batch} x query {args.query_len} at context {args.context}: replay us (median of "
-              f"{args.rounds} rounds of {args.reps}), max |logit - {names[0]}|")
-        for name in names:
-            t = times[name]
-            diff = (logits[name] - ref).abs().max().item()
-            print(f"  {name:<16} {statistics.median(t):8.1f} us  (min {min(t):7.1f}, max {max(t):7.1f})  "
-                  f"diff {diff:.3g}")
-        del runners, logits
-        torch.cuda.empty_cache()
+        decode_us = None  # the first variant's replay at query 1 (the verify / decode denominator)
+        for qlen in qlens:
+            med = ablate(model, names, batch, qlen, args, dev)
+            if qlen == 1:
+                decode_us = med[names[0]]
+            if decode_us is not None:
+                print("  verify / decode: " + ", ".join(f"{n} {med[n] / decode_us:.3f}" for n in names))
+    return 0
+
+
+def ablate(model, names: list[str], batch: int, qlen: int, args, dev) -> dict[str, float]:
+    """Capture every variant's graph for `batch` sequences of `qlen` new tokens, time the replays in
+    interleaved rounds and print them; returns each variant's median replay in us."""
+    kv, ids, pos, meta = _step_inputs(model, batch, qlen, args.context, 16, dev)
+    runners, logits = {}, {}
+    for name in names:
+        variant(model, name)  # the graph runner stages with the model's options
+        g = CudaGraphRunner(model, kv, max_batch=batch, query_lens=(qlen,), block_size=16,
+                            max_blocks_per_seq=meta.block_tables.shape[1], with_logits=True,
+                            progress=False, lazy=True)
+        out = g.run(ids, pos, meta, batch, qlen)
+        logits[name] = out.logits[: batch * qlen].float().clone()
+        runners[name] = g
+    variant(model, "base")
+    times: dict[str, list[float]] = {n: [] for n in names}
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(args.rounds):
+        for name in names:  # a replay runs the captured kernels (and stages with its runner's options)
+            g = runners[name]
+            for _ in range(5):
+                g.run(ids, pos, meta, batch, qlen)
+            a.record()
+            for _ in range(args.reps):
+                g.run(ids, pos, meta, batch, qlen)
+            b.record()
+            torch.cuda.synchronize()
+            times[name].append(a.elapsed_time(b) * 1e3 / args.reps)
+    ref = logits[names[0]]
+    print(f"batch {batch} x query {qlen} at context {args.context}: replay us (median of "
+          f"{args.rounds} rounds of {args.reps}), max |logit - {names[0]}|")
+    for name in names:
+        t = times[name]
+        diff = (logits[name] - ref).abs().max().item()
+        print(f"  {name:<16} {statistics.median(t):8.1f} us  (min {min(t):7.1f}, max {max(t):7.1f})  "
+              f"diff {diff:.3g}", flush=True)
+    del runners, logits
+    torch.cuda.empty_cache()
+    return {n: statistics.median(times[n]) for n in names}
     return 0
 
 

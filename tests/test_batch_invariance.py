@@ -330,6 +330,6 @@ def test_invariant_engine_runs_the_invariant_kernels(bf16_model):
     model = bf16_model[1]
     engine_for(model)
     assert options_of(model).batch_invariant and model.kernels.linear is invariant.linear
-    assert model.kernels.gemv_max_rows == 0
+    assert model.kernels.gemv_max_rows == 0 and model.kernels.small_m_max_rows == 0
     engine_for(model, batch_invariant=False)
     assert not options_of(model).batch_invariant and model.kernels.linear is not invariant.linear

@@ -126,17 +126,19 @@ def verify_logits(model, prompt: list[int], chunk: list[int], options) -> torch.
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("queries", [2, 5, 16])
-@pytest.mark.parametrize("variant", ["gemv", "small-splitk"])
+@pytest.mark.parametrize("variant", ["gemv", "small-splitk", "small-m"])
 def test_real_model_verify_rows_match_torch_path(model05, queries, variant):
-    """A batch-1 verify step of 2..16 queries through the fused one-row path (gemv_max_rows) or with
-    down_proj on the split-K kernel (small_splitk): each query's logits agree with the torch path's
-    decode of the same tokens within bf16 rounding, and the argmax at every clear-margin step."""
+    """A batch-1 verify step of 2..16 queries through the fused one-row path (gemv_max_rows), with
+    down_proj on the split-K kernel (small_splitk), or on the small-M tensor-core kernels and their
+    fused layer path (small_m_max_rows): each query's logits agree with the torch path's decode of the
+    same tokens within bf16 rounding, and the argmax at every clear-margin step."""
     from verispec.core.options import KernelOptions
 
     tok, model = model05
     ids = tok.encode(PROMPTS[1])
     ref, tokens = decode_logits(model, ids, queries, triton_on=False)
-    options = KernelOptions(gemv_max_rows=16) if variant == "gemv" else KernelOptions(small_splitk=True)
+    options = {"gemv": KernelOptions(gemv_max_rows=16), "small-splitk": KernelOptions(small_splitk=True),
+               "small-m": KernelOptions(small_m_max_rows=16)}[variant]
     fast = verify_logits(model, ids, tokens, options)
     c = compare_steps(fast, ref[1:])
     bad = [(i, round(float(r), 4)) for i, r in enumerate(c["rel"]) if r >= REL_TOL]

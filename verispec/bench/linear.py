@@ -98,6 +98,16 @@ def _splitk_configs(m: int, n_out: int, k: int, silu: bool) -> list[dict]:
     return out
 
 
+def _small_m_configs(k: int) -> list[dict]:
+    """The small-M kernel's sweep (kernels/small_m.py): column tiles 16..64, K tiles 128..512 (no
+    wider than K), split K 1, 2 or 4 (each split >= 2 tiles), 3 or 4 stages: <= 54 compiles per shape."""
+    out = []
+    for bn, bk, sk, st in itertools.product([16, 32, 64], [128, 256, 512], [1, 2, 4], [3, 4]):
+        if bk <= max(128, triton.next_power_of_2(k)) and (sk == 1 or k >= 2 * sk * bk):
+            out.append(dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=4, num_stages=st))
+    return out
+
+
 def _gemv_configs() -> list[dict]:
     return [dict(BLOCK_N=bn, num_warps=w) for bn, w in itertools.product([1, 2, 4], [2, 4, 8, 16])]
 
@@ -120,6 +130,7 @@ def run_linear(cfg: ModelConfig, rows: list[int], device: torch.device, dtype: t
                iters: int = 100) -> list[dict]:
     """One result row per (shape, M): torch and verispec seconds and GB/s (and the best swept config)."""
     from verispec.kernels import linear as lin
+    from verispec.kernels import small_m as sm
     from verispec.kernels.fused import silu_and_mul
 
     out = []
@@ -146,6 +157,9 @@ def run_linear(cfg: ModelConfig, rows: list[int], device: torch.device, dtype: t
             if m <= lin.SKINNY_MAX_ROWS:  # the GEMV at every row count a batch-1 verify can have
                 t = _time(lambda w, x=x, silu=silu: lin.gemv(x, w, silu_mul=silu), weights, iters)
                 row.update(gemv_us=t * 1e6, gemv_gbs=wbytes / t / 1e9)
+            if 2 <= m <= sm.SMALL_M_MAX_ROWS:  # the tensor-core kernel of KernelOptions.small_m_max_rows
+                t = _time(lambda w, x=x, silu=silu: sm.small_m_linear(x, w, silu_mul=silu), weights, iters)
+                row.update(small_m_us=t * 1e6, small_m_gbs=wbytes / t / 1e9)
             if splitk:
                 t = _time(lambda w, x=x, silu=silu, c=splitk: lin.splitk_linear(x, w, silu_mul=silu, config=c),
                           weights, iters)
@@ -156,6 +170,8 @@ def run_linear(cfg: ModelConfig, rows: list[int], device: torch.device, dtype: t
                     families.append(("gemv_best", lin.gemv, _gemv_configs()))
                 if splitk:
                     families.append(("splitk_best", lin.splitk_linear, _splitk_configs(m, n_out, k, silu)))
+                if 2 <= m <= sm.SMALL_M_MAX_ROWS:
+                    families.append(("small_m_best", sm.small_m_linear, _small_m_configs(k)))
                 for prefix, kernel, configs in families:
                     best = _best(kernel, configs, x, silu, weights, iters // 2)
                     if best:
@@ -178,6 +194,10 @@ def _fmt(r: dict) -> str:
         s += f" | best skinny {r['best_us']:.1f} us {r['best_gbs']:.0f} GB/s {r['best_config']}"
     if "gemv_best_config" in r:
         s += f" | best gemv {r['gemv_best_us']:.1f} us {r['gemv_best_gbs']:.0f} GB/s {r['gemv_best_config']}"
+    if "small_m_us" in r:
+        s += f" | small-M {r['small_m_us']:.1f} us {r['small_m_gbs']:.0f} GB/s (x{r['torch_us'] / r['small_m_us']:.2f})"
+    if "small_m_best_config" in r:
+        s += f" | best small-M {r['small_m_best_us']:.1f} us {r['small_m_best_gbs']:.0f} GB/s {r['small_m_best_config']}"
     if "splitk_us" in r:
         s += f" | splitk {r['splitk_us']:.1f} us {r['splitk_gbs']:.0f} GB/s (x{r['torch_us'] / r['splitk_us']:.2f})"
     if "splitk_best_config" in r:

@@ -165,6 +165,8 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--context", type=int, default=1024, help="tokens already in each sequence's cache")
     p.add_argument("--no-pdl", action="store_true",
                    help="launch the kernels without programmatic dependent launch (isolated kernel times)")
+    p.add_argument("--small-m-max-rows", type=_small_m_rows, default=0,
+                   help="steps of 2..R rows on the small-M tensor-core kernels (KernelOptions.small_m_max_rows; 0: off)")
     p = kind("serve", "streaming clients against a running OpenAI-compatible server")
     from verispec.bench.serve import add_arguments
 
@@ -261,6 +263,14 @@ def _serve(args) -> int:
     return 0 if res["completed"] else 1
 
 
+def _small_m_rows(value: str) -> int:
+    """--small-m-max-rows: 0 (off) or up to 16, checked before the model loads."""
+    rows = int(value)
+    if not 0 <= rows <= 16:
+        raise argparse.ArgumentTypeError(f"must be 0 (off) or up to 16, got {rows}")
+    return rows
+
+
 def _kernels(args) -> int:
     """`bench linear` and `bench profile`: GPU-only micro views of a step."""
     import torch
@@ -281,7 +291,7 @@ def _kernels(args) -> int:
         from verispec.core.options import KernelOptions
 
         res["rows"] = []
-        options = KernelOptions(pdl=not args.no_pdl)
+        options = KernelOptions(pdl=not args.no_pdl, small_m_max_rows=args.small_m_max_rows)
         for b in args.batch_sizes:
             r = run_profile(bm.model, b, args.query_len, args.context, options=options)
             print(format_profile(r), flush=True)

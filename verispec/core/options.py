@@ -47,6 +47,11 @@ class KernelOptions:
     # 2..SKINNY_MAX_ROWS rows of a layer with K >= 4N (down_proj), which the skinny kernel does not
     # split over K: the split-K kernel instead of cuBLAS.
     small_splitk: bool = False
+    # Steps of 2..small_m_max_rows rows (a batch-1 verify of k <= 15 drafts; up to 16) take the small-M
+    # tensor-core kernels (kernels/small_m.py, small_m_qkv.py) for every linear layer, the LM head included, and the
+    # fused layer path (norms in the qkv / gate_up prologues, rotary + K/V write in the qkv kernel).
+    # 0: off, the paths above (default until the H200 measures it: scripts/gpu_verify.sh).
+    small_m_max_rows: int = 0
 
     # CUDA graphs (worker/graphs.py): stage a replay's inputs (and fill its placeholders) with one
     # kernel; False: the torch copies and fills (session 6: the kernel won at batch 1 and in host
@@ -61,6 +66,11 @@ class KernelOptions:
     # and merges the splits in one order (kernels/paged_attention.py).
     batch_invariant: bool = False
     invariant_kv_split: int = 256
+
+    def __post_init__(self) -> None:
+        """A bad value is a ValueError when the options are built, before any kernel runs."""
+        if not 0 <= self.small_m_max_rows <= 16:
+            raise ValueError(f"small_m_max_rows must be 0 (off) or up to 16, got {self.small_m_max_rows}")
 
 
 DEFAULT_OPTIONS = KernelOptions()

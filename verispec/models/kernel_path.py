@@ -19,16 +19,24 @@ class Kernels:
     passes (options=self.options). One per enable_triton call, shared by the model's modules."""
 
     def __init__(self, options: KernelOptions = DEFAULT_OPTIONS) -> None:
-        from verispec.kernels import fused, linear, qkv_rope
+        from verispec.kernels import fused, linear, qkv_rope, small_m, small_m_qkv
 
         self.options = options
         self.linear, self.gemv, self.gate_up_silu = linear.linear, linear.gemv, linear.gate_up_silu
         self.gemv_max_rows = options.gemv_max_rows  # steps of at most this many rows: the one-row path
+        # Steps of 2..small_m_max_rows rows (above gemv_max_rows): the same fused layer path on the
+        # small-M tensor-core kernels.
+        self.small_m_max_rows = options.small_m_max_rows
+        if self.small_m_max_rows >= 2:  # o, down and the LM head of those steps too (small_m.takes_small_m)
+            self.linear, self.gate_up_silu = small_m.linear, small_m.gate_up_silu
+        self.small_m_linear = small_m.small_m_linear
+        self.small_m_qkv_rope_write_kv = small_m_qkv.small_m_qkv_rope_write_kv
+        self.small_m_head_dim = 2 * small_m_qkv.ROPE_PAIRS  # its qkv kernel takes head dims divisible by this
         if options.batch_invariant:  # one kernel config per weight for every row count, no one-row path
             from verispec.kernels import invariant
 
             self.linear, self.gate_up_silu = invariant.linear, invariant.gate_up_silu
-            self.gemv_max_rows = 0
+            self.gemv_max_rows = self.small_m_max_rows = 0
         self.rms_norm = fused.rms_norm
         self.qkv_rope_write_kv = qkv_rope.qkv_rope_write_kv
 

@@ -132,9 +132,15 @@ class DecoderLayer(nn.Module):
         nbytes = backend.l2_prefetch_bytes(x.shape[0], meta) if not self.mlp.quantized else 0
         pf = self.mlp.l2_regions(nbytes) if nbytes else None
         k_ = self.self_attn.kernels
-        if k_ is not None and x.is_cuda and x.shape[0] <= k_.gemv_max_rows and not self.self_attn.qk_norm \
-                and not self.self_attn.quantized and not self.mlp.quantized:
-            return self._forward_one_row(x, residual, positions, rotary, meta, kv_cache, backend, pf)
+        if k_ is not None and x.is_cuda and not self.self_attn.qk_norm and not self.self_attn.quantized \
+                and not self.mlp.quantized:
+            rows = x.shape[0]
+            if rows <= k_.gemv_max_rows:
+                return self._forward_fused(x, residual, positions, rotary, meta, kv_cache, backend, pf,
+                                           k_.qkv_rope_write_kv, k_.gemv)
+            if 2 <= rows <= k_.small_m_max_rows and self.self_attn.head_dim % k_.small_m_head_dim == 0:
+                return self._forward_fused(x, residual, positions, rotary, meta, kv_cache, backend, pf,
+                                           k_.small_m_qkv_rope_write_kv, k_.small_m_linear)
         if residual is None:
             residual = x
             x = self.input_layernorm(x)
@@ -144,23 +150,27 @@ class DecoderLayer(nn.Module):
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
-    def _forward_one_row(self, x, residual, positions, rotary, meta, kv_cache, backend, pf: Regions | None):
-        """Batch-1 decode on CUDA in five kernels: RMSNorm + qkv + rotary + K/V write, attention
+    def _forward_fused(self, x, residual, positions, rotary, meta, kv_cache, backend, pf: Regions | None,
+                       qkv_rope, norm_linear):
+        """A small step on CUDA in five kernels: RMSNorm + qkv + rotary + K/V write, attention
         (+ its combine), o, RMSNorm + gate_up + SiLU-mul, down. Each norm runs in its projection's
         prologue, which saves a dependent kernel launch per norm (separate norm kernels were slower:
         docs/BENCHMARKS.md, session 4); the qkv kernel writes K/V into the paged cache itself. pf:
-        what the attention launch asks L2 for (the head of gate_up's weight)."""
+        what the attention launch asks L2 for (the head of gate_up's weight). qkv_rope / norm_linear:
+        the one-row kernels (qkv_rope.qkv_rope_write_kv, linear.gemv) or the 2..16-row ones
+        (small_m_qkv.small_m_qkv_rope_write_kv, small_m.small_m_linear); o and down go through
+        Kernels.linear, which picks the same family by row count."""
         attn, mlp, ln1, ln2 = self.self_attn, self.mlp, self.input_layernorm, self.post_attention_layernorm
         k_ = attn.kernels
         o_ = k_.options
-        q, residual = k_.qkv_rope_write_kv(
+        q, residual = qkv_rope(
             x, attn.qkv_proj.weight, attn.qkv_proj.bias, positions, rotary.cos, rotary.sin, kv_cache,
             meta.slot_mapping, attn.num_heads, attn.num_kv_heads, attn.head_dim, norm=(ln1.weight, ln1.eps),
             residual=residual, options=o_)
         a = backend.forward(q, kv_cache, meta, attn.scale, pf, window=attn.window)
         o = _reduced(attn.tp, k_.linear(a.reshape(x.shape[0], -1), attn.o_proj.weight, options=o_))
-        y, residual = k_.gemv(o, mlp.gate_up_proj.weight, silu_mul=True, norm=(ln2.weight, ln2.eps), residual=residual,
-                              options=o_)
+        y, residual = norm_linear(o, mlp.gate_up_proj.weight, silu_mul=True, norm=(ln2.weight, ln2.eps),
+                                  residual=residual, options=o_)
         return _reduced(mlp.tp, k_.linear(y, mlp.down_proj.weight, options=o_)), residual
 
 
