@@ -80,8 +80,22 @@ if want train; then
   mark "train done rc=$?"
   cp "$R/dflash/train_log.json" "$R/dflash_train_log.json" 2>/dev/null
 fi
+BUDGET_S=120 helper verify scripts/gpu_verify.sh
+# The small-M verify kernels (KernelOptions.small_m_max_rows, default off until measured) are switched on
+# in this tree for the timed runs below when their GPU tests passed and the ratio above shows them faster
+# at every k (each `verify / decode:` line: base's ratio, then small-m=16's).
+if want small_m && grep -q "rc=0" "$R/tests/test_small_m.log" 2>/dev/null && grep -q " passed" "$R/tests/test_small_m.log" && ! grep -q "failed" "$R/tests/test_small_m.log" \
+   && python3 - "$R/verify/ratio.log" <<'PY'
+import re, sys
+rows = [dict(re.findall(r"(\S+) ([0-9.]+)", l.split(":", 1)[1])) for l in open(sys.argv[1]) if "verify / decode:" in l]
+rows = [r for r in rows if "base" in r and "small-m=16" in r and float(r["base"]) > 1.0001]
+sys.exit(0 if rows and all(float(r["small-m=16"]) < float(r["base"]) for r in rows) else 1)
+PY
+then
+  sed -i 's/^    small_m_max_rows: int = 0$/    small_m_max_rows: int = 16/' verispec/core/options.py
+  mark "small_m on: $(grep -c 'small_m_max_rows: int = 16' verispec/core/options.py)"
+fi
 want heldout && { mark heldout; spec heldout "${PROMPTS:-prompts/heldout_requests.jsonl}" none,ngram,draft_model,dflash 1,4,16,64; mark "heldout done rc=$?"; }
-helper verify scripts/gpu_verify.sh
 want humaneval && { mark humaneval; spec humaneval humaneval.jsonl none,ngram,draft_model,dflash 1,4,16,64; mark "humaneval done rc=$?"; }
 GATES_PHASE=B helper cost scripts/gpu_gates.sh
 helper structured scripts/gpu_structured.sh
