@@ -26,7 +26,7 @@ OUT=${OUT:-/tmp/gates_out}
 mkdir -p "$OUT/tests"
 rm -f "$OUT"/tests/*.ids "$OUT"/tests/*.live "$OUT"/tests/*.rc "$OUT"/tests/*.log
 export VERISPEC_STAGE_CACHE=${VERISPEC_STAGE_CACHE:-/tmp/models} PYTHONUNBUFFERED=1
-export PYTHONPATH=$PWD/scripts:${PYTHONPATH:-$PWD}  # scripts/: the live-log plugin
+export PYTHONPATH=${PYTHONPATH:-$PWD}:$PWD/scripts  # scripts/: the live-log plugin
 NAME=qwen2.5-coder-0.5b-instruct
 PROMPTS=prompts/heldout_requests.jsonl
 TEST_FILES=${TEST_FILES:-tests/test_faults.py tests/test_real_model_spec.py tests/test_spec_decode.py tests/test_batch_invariance.py}
