@@ -104,7 +104,8 @@ def summarize_tests(directory: Path) -> int:
             for line in essence(text):
                 print(f"    {line[:220]}")
         for nodeid in job.hit:
-            print(f"--- ABORTED in {nodeid} [{job.name}, rc={job.rc}: see {job.name}.log]")
+            what = "TIMED OUT" if job.rc in ("124", "137") else "ABORTED"
+            print(f"--- {what} in {nodeid} [{job.name}, rc={job.rc}: see {job.name}.log]")
         if job.lost:
             more = f" ... (+{len(job.lost) - 3})" if len(job.lost) > 3 else ""
             print(f"--- not run [{job.name}, rc={job.rc}]: {' '.join(job.lost[:3])}{more}")
