@@ -16,6 +16,8 @@ in GPU-only code (the graph staging kernel), so its gate runs on CUDA only."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from gates import CUDA_ONLY, TARGETS, gate_model, layer_skip_draft
 from parity import STRESS, parity_problems, run_scenario, scenario_params, scenario_prompts
@@ -98,11 +100,49 @@ def prefix_cache_problems(model) -> list[int]:
     return [i for i, (a, b) in enumerate(zip(on, off, strict=True)) if a != b]
 
 
+def aborted_writer_problems(model, num_gpu_blocks: int = 256) -> list[int]:
+    """Readers whose tokens with prefix caching differ from those without, after a writer that shares
+    their first two blocks was aborted after its first chunk (slots 0..8 of its 48-token prompt
+    written). Only block 0 is then full and written; early_prefix_publish has also published block 1,
+    whose slots 9..15 were never written, and hands it to the readers. Unlike the stress scenario this
+    does not hang on preemption timing: the number of KV blocks (one fewer on CUDA, where the last is
+    the graphs' scratch block) does not move it."""
+    rng = random.Random(7)
+    writer = [rng.randrange(100, 3000) for _ in range(48)]
+    readers = [writer[:16] + [rng.randrange(100, 3000) for _ in range(n)] for n in (5, 9, 13)]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+
+    def run(prefix_caching: bool) -> list[list[int]]:
+        eng = tiny_engine(model, block_size=8, max_num_batched_tokens=9, enable_prefix_caching=prefix_caching,
+                          async_scheduling=False, num_gpu_blocks=num_gpu_blocks)
+        eng.add_request("w", None, params, writer)
+        eng.step()  # the writer's first chunk: 9 of its 48 tokens
+        eng.abort_request("w")
+        outs = [o.outputs[0].token_ids for o in run_all(eng, readers, params)]
+        if prefix_caching:  # every reader hits at least the writer's block 0
+            assert eng.get_metrics()["prefix_cache_hits"] >= 8 * len(readers)
+        return outs
+
+    on, off = run(True), run(False)
+    return [i for i, (a, b) in enumerate(zip(on, off, strict=True)) if a != b]
+
+
 def test_early_prefix_publish_caught(model, monkeypatch):
+    """The prefix-cache equivalence gate: with and without prefix caching, the same tokens (the stress
+    scenario and the aborted writer's readers); early_prefix_publish breaks it for the readers."""
     monkeypatch.delenv("VERISPEC_FAULT", raising=False)
     assert prefix_cache_problems(model) == []
+    assert aborted_writer_problems(model) == []
     monkeypatch.setenv("VERISPEC_FAULT", "early_prefix_publish")
-    assert prefix_cache_problems(model)
+    assert aborted_writer_problems(model)
+
+
+@pytest.mark.parametrize("num_gpu_blocks", [15, 16, 17])
+def test_early_prefix_publish_caught_whatever_the_block_count(monkeypatch, num_gpu_blocks):
+    """The stress scenario alone missed the fault at 15 blocks here, and with the real 0.5B at 16
+    (the CUDA count of STRESS's 17: the graphs take one): the aborted writer's readers see it at any."""
+    monkeypatch.setenv("VERISPEC_FAULT", "early_prefix_publish")
+    assert aborted_writer_problems(tiny_model(), num_gpu_blocks)
 
 
 def test_miscount_rejected_caught(model, monkeypatch):
@@ -265,12 +305,15 @@ def test_runtime_audit_flags_every_acceptance_fault(target, model, draft, monkey
         assert overcount > 0
 
 
-def test_runtime_audit_flags_row_by_position(model, draft, monkeypatch):
+@pytest.mark.parametrize("method", ["self", "draft_model"])
+def test_runtime_audit_flags_row_by_position(model, draft, monkeypatch, method):
     """Rows of the previous step looked up by batch position: wrong input tokens once a request
-    ahead has finished, which the audit sees in the ids the model consumed. (With self-drafting
-    the wrong row soon lands on a padded column, a placeholder, and the embedding rejects it.)"""
-    toks, _ = audited_run(model, draft, monkeypatch, "draft_model", None)
-    bad, m = audited_run(model, draft, monkeypatch, "draft_model", "row_by_position")
+    ahead has finished, which the audit sees in the ids the model consumed. The wrong row often
+    lands on a column past its own count (a placeholder; with self-drafting in the tiny setup at
+    once): the fault reads it as token 0, where an out-of-range id used to reach the embedding
+    (an IndexError here, a device-side assert on CUDA that aborted the whole test process)."""
+    toks, _ = audited_run(model, draft, monkeypatch, method, None)
+    bad, m = audited_run(model, draft, monkeypatch, method, "row_by_position")
     assert bad != toks and m["spec_decode_audit_mismatches"] > 0
 
 

@@ -119,13 +119,16 @@ class ModelRunner:
     def _fault_sources(self, sched: SchedulerOutput, sources: dict[str, DeviceTokens | None]) -> dict[str, DeviceTokens | None]:
         """The sources, or with the row_by_position fault the planted bug: the previous step's
         rows looked up by this step's batch position, which differs from the producing step's row
-        once a request ahead has finished."""
+        once a request ahead has finished. The wrong row's columns past its own count hold
+        PLACEHOLDER, which as an input id would index the embedding out of range (a device-side
+        assert that aborts the process on CUDA, an IndexError on the CPU): the fault reads them as
+        token 0, so that it moves tokens (what its gates check) and never crashes the engine."""
         prev = sources.get("out")
         if prev is None or not self.faults.active("row_by_position"):
             return sources
         order = [s.request.request_id for s in sched.scheduled]
         rows = {rid: min(i, prev.values.shape[0] - 1) for i, rid in enumerate(order)}
-        return {**sources, "out": DeviceTokens(prev.values, rows, prev.base)}
+        return {**sources, "out": DeviceTokens(prev.values.clamp(min=0), rows, prev.base)}
 
     def _prepare(self, hb: HostBatch, sources: dict[str, DeviceTokens | None]) -> tuple[_DeviceInputs, Placeholders | None]:
         """The step's inputs on the device (one staged copy) and its placeholders, not yet filled:
