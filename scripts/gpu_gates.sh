@@ -17,7 +17,7 @@
 #   plan with --collect-only, one real CPU process through the live log, the benches on 2-layer random
 #   weights; --batch-invariant is refused on the CPU, as it must be).
 # Output: compact tables here; logs, live logs and JSON under $OUT (default /tmp/gates_out, or the run tool's).
-# env: BUDGET_S, A_END (seconds after start when phase A is cut, default BUDGET_S - 75), PAR (10), SHARD (5),
+# env: GATES_PHASE (AB: both; A or B: one, e.g. A beside a training run and B alone later), BUDGET_S, A_END (seconds after start when phase A is cut, default BUDGET_S - 75), PAR (10), SHARD (5),
 #      INV_LEN (256), COST_MODEL (qwen2.5-coder-1.5b-instruct), TEST_FILES (the four above).
 set -uo pipefail
 DEVICE=cuda
@@ -69,6 +69,8 @@ show() {  # show NAME DIR: the exit status, the time and the tail of a finished 
   grep -v "^\s*$" "$2/$1.log" | grep -v "it/s\]$" | tail -n "${TAIL:-12}"
 }
 
+PHASE=${GATES_PHASE:-AB}
+if [[ $PHASE == *A* ]]; then
 # 0. The model into the cache (staged copy), the float32 and bf16 dequantized caches built once, not by
 #    every process at the same time.
 if [[ $DEVICE == cuda ]]; then
@@ -113,7 +115,9 @@ python3 scripts/gpu_gates_summary.py tests "$OUT/tests"
 TAIL=9 show inv_bf16 "$OUT"
 TAIL=9 show inv_bf16_invariant "$OUT"
 
+fi
 # B. The cost of --batch-invariant, alone on the GPU.
+[[ $PHASE == *B* ]] || { echo "=== total $(elapsed)s (phase A only)"; exit 0; }
 for bi in no-batch-invariant batch-invariant; do
   end=$BUDGET_S
   [[ $bi == no-batch-invariant ]] && end=$(( ($(elapsed) + BUDGET_S) / 2 ))  # half of what is left each

@@ -74,7 +74,7 @@ if want tests; then
     > "$R/pytest_gpu.txt"
   mark "tests done"
 fi
-GATES_PHASE=A PAR=4 helper gates scripts/gpu_gates.sh
+GATES_PHASE=A PAR=4 BUDGET_S=600 helper gates scripts/gpu_gates.sh
 if want train; then
   wait "$train"
   mark "train done rc=$?"
@@ -97,6 +97,6 @@ then
 fi
 want heldout && { mark heldout; spec heldout "${PROMPTS:-prompts/heldout_requests.jsonl}" none,ngram,draft_model,dflash 1,4,16,64; mark "heldout done rc=$?"; }
 want humaneval && { mark humaneval; spec humaneval humaneval.jsonl none,ngram,draft_model,dflash 1,4,16,64; mark "humaneval done rc=$?"; }
-GATES_PHASE=B helper cost scripts/gpu_gates.sh
+GATES_PHASE=B BUDGET_S=160 helper cost scripts/gpu_gates.sh
 helper structured scripts/gpu_structured.sh
 mark end
