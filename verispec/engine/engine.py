@@ -254,7 +254,8 @@ class LLMEngine:
                     self.scheduler.publish_known(s.request)
         self.inflight = handle
         if self.proposer is not None:
-            outputs += self._propose(sched, handle, device_sources=True, drain=self.proposer.needs_host_tokens)
+            host = self.proposer.needs_host_tokens  # (drains first, then reads host values: no device sources)
+            outputs += self._propose(sched, handle, device_sources=not host, drain=host)
         return outputs
 
     def _needs_host_values(self) -> bool:
