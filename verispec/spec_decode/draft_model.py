@@ -8,8 +8,8 @@ Drafts stay on the device (Proposal.device); the host gets PLACEHOLDER mirrors, 
 loop never waits for draft values. "self" is this proposer with the target model itself (an
 oracle: greedy acceptance ~100%).
 
-Shapes are kept uniform so the drafter's steps replay CUDA graphs captured at start-up (bind(), on
-CUDA without enforce_eager): each further draft step is one token per request, and the catch-up
+Shapes are kept uniform so the drafter's steps replay CUDA graphs (bind(), on CUDA without
+enforce_eager; the longer catch-up shapes on first use where the engine captures lazily): each further draft step is one token per request, and the catch-up
 forward that brings the draft cache level with the target gives every request of the step the same
 query length (recomputing K/V of positions the cache already holds, which writes the same values, or
 padding in front where a request has fewer tokens): k + 1 in the steady state (the last verify's
@@ -53,10 +53,12 @@ class DraftModelProposer(Proposer):
     needs_host_tokens = False
 
     def __init__(self, model: CausalLM, num_speculative_tokens: int, device, dtype, seed: int = 0,
-                 graph_max_batch: int = 0, catch_up_max: int = CATCH_UP_MAX, catch_up_batch: int = CATCH_UP_BATCH) -> None:
+                 graph_max_batch: int = 0, catch_up_max: int = CATCH_UP_MAX, catch_up_batch: int = CATCH_UP_BATCH,
+                 lazy_catch_up: bool = False) -> None:
         """graph_max_batch > 0: capture CUDA graphs for batches up to that size (CUDA only). catch_up_max,
         catch_up_batch: the longest catch-up forward and the batch size catch-ups longer than k + 1 run in
-        (module docstring)."""
+        (module docstring). lazy_catch_up: capture those longer catch-up shapes on first use (the engine's
+        graph_capture="lazy"), not all at bind."""
         super().__init__(num_speculative_tokens)
         if catch_up_max < 1 or catch_up_batch < 1:
             raise ValueError(f"catch_up_max and catch_up_batch must be >= 1, got {catch_up_max}, {catch_up_batch}")
@@ -64,7 +66,7 @@ class DraftModelProposer(Proposer):
         self.device, self.dtype, self.seed = device, dtype, seed
         self.graph_max_batch = graph_max_batch
         self.catch_up_lens = catch_up_lens(num_speculative_tokens, catch_up_max)
-        self.catch_up_batch = catch_up_batch
+        self.catch_up_batch, self.lazy_catch_up = catch_up_batch, lazy_catch_up
         self.graphs = None  # decode (1) and steady catch-up (1 + k) shapes, up to graph_max_batch
         self.catch_up_graphs = None  # the longer catch-up shapes, up to catch_up_batch
         self.num_graph_forwards = self.num_eager_forwards = 0
@@ -85,8 +87,8 @@ class DraftModelProposer(Proposer):
 
     def make_graphs(self, capture: bool = True) -> None:
         """The drafter's graph runners over its cache (after bind): every shape a draft step or a
-        catch-up can take, captured now. capture=False: the runners' eager mode over the same static
-        buffers (CPU tests of the graph path)."""
+        catch-up can take, captured now (the longer catch-ups on first use with lazy_catch_up).
+        capture=False: the runners' eager mode over the same static buffers (CPU tests of the graph path)."""
         from verispec.worker.graphs import CudaGraphRunner
 
         # Scratch block: the cache's last block, which the engine never hands to a request.
@@ -96,7 +98,8 @@ class DraftModelProposer(Proposer):
         self.graphs = CudaGraphRunner(self.model, self.kv_caches, batch, query_lens=(1, 1 + self.k), **common)
         if len(self.catch_up_lens) > 1:
             self.catch_up_graphs = CudaGraphRunner(self.model, self.kv_caches, min(batch, self.catch_up_batch),
-                                                   query_lens=self.catch_up_lens[1:], **common)
+                                                   query_lens=self.catch_up_lens[1:], lazy=self.lazy_catch_up,
+                                                   **common)
 
     def free_request(self, request_id: str) -> None:
         self.written.pop(request_id, None)
