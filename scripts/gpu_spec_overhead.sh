@@ -3,8 +3,8 @@
 # against plain decoding in the same process, adaptive policy on (the default), batch 1 / 4 / 16 / 64, on
 # the held-out requests (32 x 128 tokens, chat template, repeats 1: each cell = warm-up run + one timed run).
 # One command, one process. GPU budget: ~2.5 minutes (load ~15 s; 12 engines, each capturing its graphs
-# at start-up: ~1-6 s, the draft model's catch-up shapes included; timed work ~35 s plus the warm-ups),
-# at most 4 minutes (timeout 400 s).
+# at start-up: ~1-6 s, the draft model's catch-up shapes included; warm-up + timed runs ~45 s in all),
+# at most 5 minutes (timeout 300 s; the summary needs the run to finish).
 #
 # usage (repo root): PYTHONPATH=/tmp/site:$PWD VERISPEC_CACHE_DIR=/tmp/vcache scripts/gpu_spec_overhead.sh
 #   GATES=1 also runs the GPU test cells of draft_model / self (real 0.5B, float32, CUDA graphs): ~1-2 min more.
@@ -25,7 +25,7 @@ target=$(pick "${TARGET:-qwen2.5-coder-1.5b-instruct}")
 draft=$(pick "${DRAFT:-qwen2.5-coder-0.5b-instruct}")
 out=${OUT:-/tmp}/spec_overhead.json
 echo "=== bench spec: $target, draft $draft, device ${DEVICE:-cuda}"
-timeout "${TIMEOUT:-400}" python3 -m verispec.entrypoints.cli bench spec --model "$target" --draft-model "$draft" \
+timeout "${TIMEOUT:-300}" python3 -m verispec.entrypoints.cli bench spec --model "$target" --draft-model "$draft" \
   --device "${DEVICE:-cuda}" --methods none,ngram,draft_model --batch-sizes "${BATCHES:-1,4,16,64}" \
   --prompts prompts/heldout_requests.jsonl --num-prompts "${NUM_PROMPTS:-32}" --output-len "${OUTPUT_LEN:-128}" \
   --repeats 1 --chat --json "$out" 2>&1 | grep -v -e "^\s*$" -e "capturing CUDA graphs" | tail -n 40
