@@ -140,56 +140,58 @@ def test_draft_model_with_other_vocab_is_refused(model):
         tiny_engine(model, spec={"method": "draft_model", "num_speculative_tokens": 2, "model": "x"}, draft_override=other)
 
 
-def test_draft_catch_up_is_uniform(model, monkeypatch):
-    """The draft model's catch-up forward always covers the last k + 1 tokens (so it can replay a
-    CUDA graph), including after rejections, and the oracle still accepts everything."""
+def _record_catch_ups(monkeypatch) -> list[list[tuple[int, int, int]]]:
+    """Every catch-up forward of the draft model: [(query length, gap, first position)] per chunk."""
     from verispec.spec_decode.draft_model import DraftModelProposer
 
-    k, lengths = 3, []
+    calls: list[list[tuple[int, int, int]]] = []
     orig = DraftModelProposer._forward_chunks
 
-    def record(self, items, sources):
-        lengths.extend(end - start for _, start, end in items)
-        return orig(self, items, sources)
+    def record(self, items, sources, logits=True):
+        calls.append([(n, end - self._written(r), end - n) for r, n, end in items])
+        return orig(self, items, sources, logits)
 
     monkeypatch.setattr(DraftModelProposer, "_forward_chunks", record)
+    return calls
+
+
+def test_draft_catch_up_is_uniform(model, monkeypatch):
+    """The draft model's catch-up forward gives every request the same query length (so it can replay a
+    CUDA graph): exactly k + 1 tokens once a request drafts every step, including after rejections,
+    and the oracle still accepts everything."""
+    from verispec.spec_decode.draft_model import catch_up_lens
+
+    k = 3
+    calls = _record_catch_ups(monkeypatch)
     eng = tiny_engine(model, spec={"method": "self", "num_speculative_tokens": k, "adaptive": False})
     prompts = [[7, 8, 9, 10, 11, 12], [20, 21, 22, 23, 24, 25, 26, 27, 28]]
     run_all(eng, prompts, [SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)] * 2)
-    # The first propose() of a request drafts over its whole prompt + first token (the draft's
-    # prefill); every later catch-up is exactly k + 1 tokens.
-    catch_ups = [n for n in lengths if n not in [len(p) + 1 for p in prompts]]
-    assert len(catch_ups) == len(lengths) - len(prompts)
-    assert catch_ups and all(n == k + 1 for n in catch_ups), lengths
+    # The first propose() of a request catches up its whole prompt + first token (the draft's
+    # prefill: 7 and 10 tokens, so a power of two, 8 or 16, padded in front); every later one is k + 1.
+    assert all(len({n for n, _, _ in c}) == 1 for c in calls), calls
+    lens = [c[0][0] for c in calls]
+    assert lens[0] == 16 and set(lens[1:]) == {k + 1} and all(n in catch_up_lens(k) for n in lens), lens
+    assert all(n >= gap for c in calls for n, gap, _ in c), calls
     assert eng.get_metrics()["spec_decode_num_accepted_tokens"] == eng.get_metrics()["spec_decode_num_draft_tokens"]
 
 
 def test_draft_catch_up_after_steps_without_drafts_is_a_power_of_two(model, monkeypatch):
     """Adaptive, with a plan of 0 drafts except every 7th step: the catch-up after a stretch without
-    drafts covers the gap with the last 2^j tokens (a few shapes, not one per gap length), the others
-    are k + 1, and the oracle still accepts every draft (the recomputed K/V are the same)."""
-    from verispec.spec_decode.draft_model import DraftModelProposer
-
-    k, lengths, gaps, starts = 3, [], [], []
-    orig = DraftModelProposer._forward_chunks
-
-    def record(self, items, sources):
-        for r, start, end in items:
-            lengths.append(end - start)
-            gaps.append(end - self._written(r))
-            starts.append(start)
-        return orig(self, items, sources)
-
-    monkeypatch.setattr(DraftModelProposer, "_forward_chunks", record)
+    drafts covers the gap in one forward of the smallest power of two that holds it (a few shapes, not
+    one per gap length), the same length for every request of the forward, and the oracle still accepts
+    every draft (the recomputed K/V are the same)."""
+    k = 3
+    calls = _record_catch_ups(monkeypatch)
     eng = tiny_engine(model, spec={"method": "self", "num_speculative_tokens": k, "adaptive": True})
-    calls = iter(range(10**6))
-    eng.policy.plan = lambda ids, batch=None: k if next(calls) % 7 == 6 else 0
+    plans = iter(range(10**6))
+    eng.policy.plan = lambda ids, batch=None: k if next(plans) % 7 == 6 else 0
     prompts = [[7, 8, 9, 10, 11, 12], [20, 21, 22, 23, 24, 25, 26, 27, 28]]
     run_all(eng, prompts, [SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)] * 2)
-    later = [(n, g, s) for n, g, s in zip(lengths, gaps, starts, strict=True) if n not in [len(p) + 1 for p in prompts]]
-    assert any(n > k + 1 for n, _, _ in later)  # stretches without drafts happened
-    for n, g, start in later:  # covers the gap: k + 1 tokens, the last 2^j, or all of them (from position 0)
-        assert n >= g and (n == k + 1 or n & (n - 1) == 0 or start == 0), later
+    assert any(c[0][0] > k + 1 for c in calls)  # stretches without drafts happened
+    for c in calls:
+        (n,) = {n for n, _, _ in c}
+        gap = max(g for _, g, _ in c)
+        assert n >= gap and (n == k + 1 or (n & (n - 1) == 0 and n < 2 * gap)), calls
     m = eng.get_metrics()
     assert m["spec_decode_num_draft_tokens"] > 0
     assert m["spec_decode_num_accepted_tokens"] == m["spec_decode_num_draft_tokens"]

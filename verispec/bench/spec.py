@@ -4,7 +4,9 @@ For each batch size and method (none, ngram, self, draft_model, dflash), greedy 
 prompt (no EOS stop), all prompts submitted at once with max_num_seqs = batch size. Greedy speculation is
 lossless, so every method's tokens must equal no speculation's at the same batch size; mismatches are counted,
 not fatal (bf16 on a GPU may flip a near-tie between batch shapes). Each (batch size, method) runs `repeats`
-times on one engine after a warm-up; the row is the median run by tok/s. Speculation pins k unless adaptive=True
+times on one engine after a warm-up run of the same workload; the row is the median run by tok/s. The
+adaptive policy restarts its probe clock when a run starts on the idle engine, so every run makes the
+warm-up's plans, and its steps have the shapes the warm-up compiled. Speculation pins k unless adaptive=True
 (the engine picks 0..k drafts per request per step; experimental, off by default).
 
 Row keys: method, batch_size, k, adaptive, num_prompts, output_tokens, wall_s, tok_s, runs (every run's tok/s),

@@ -8,10 +8,18 @@ Drafts stay on the device (Proposal.device); the host gets PLACEHOLDER mirrors, 
 loop never waits for draft values. "self" is this proposer with the target model itself (an
 oracle: greedy acceptance ~100%).
 
-Shapes are kept uniform so the drafter's steps replay CUDA graphs: the catch-up forward that
-brings the draft cache level with the target covers the last k + 1 tokens (recomputing K/V of
-positions it already holds, which gives the same values), or the last 2^j after steps without
-drafts (_catch_up_start), and each further draft step is one token per request. On CUDA (without enforce_eager) bind() captures graphs for both shapes.
+Shapes are kept uniform so the drafter's steps replay CUDA graphs (bind(), on CUDA without
+enforce_eager; the longer catch-up shapes on first use where the engine captures lazily): each further draft step is one token per request, and the catch-up
+forward that brings the draft cache level with the target gives every request of the step the same
+query length (recomputing K/V of positions the cache already holds, which writes the same values, or
+padding in front where a request has fewer tokens): k + 1 in the steady state (the last verify's
+tokens), else the smallest power of two up to `catch_up_max` that covers the largest gap, which steps
+planned at k = 0 leave (the draft cache is not kept up while nothing drafts: a k = 0 step costs the
+drafter nothing, and the first drafting step after it pays one forward for the gap). Gaps beyond
+catch_up_max take several such forwards, and batches beyond catch_up_batch run in groups of it, so
+that a catch-up never meets a shape first at run time (an eager forward of a new shape compiles
+kernels mid-run: ~1 s stalls on the H200, docs/BENCHMARKS.md sessions 9-10). `num_graph_forwards`
+and `num_eager_forwards` count the drafter's forwards (observe()'s prompt catch-ups run eagerly).
 """
 
 from __future__ import annotations
@@ -28,18 +36,40 @@ from verispec.worker.sampler import argmax, probs_from_logits, row_params
 from verispec.worker.sampling_keys import RequestGenerators
 from verispec.worker.token_state import DeviceTokens, combine_inputs
 
+CATCH_UP_MAX = 256  # the longest catch-up forward, tokens per request (probe gaps reach ~130: policy.py)
+CATCH_UP_BATCH = 16  # catch-up graphs longer than k + 1 are captured up to this batch size
+
+
+def catch_up_lens(k: int, longest: int = CATCH_UP_MAX) -> tuple[int, ...]:
+    """The query lengths of catch-up forwards: k + 1, then each power of two above it up to `longest`."""
+    lens, n = [k + 1], 1 << (k + 1).bit_length()
+    while n <= longest:
+        lens.append(n)
+        n *= 2
+    return tuple(lens)
+
 
 class DraftModelProposer(Proposer):
     needs_host_tokens = False
 
     def __init__(self, model: CausalLM, num_speculative_tokens: int, device, dtype, seed: int = 0,
-                 graph_max_batch: int = 0) -> None:
-        """graph_max_batch > 0: capture CUDA graphs for batches up to that size (CUDA only)."""
+                 graph_max_batch: int = 0, catch_up_max: int = CATCH_UP_MAX, catch_up_batch: int = CATCH_UP_BATCH,
+                 lazy_catch_up: bool = False) -> None:
+        """graph_max_batch > 0: capture CUDA graphs for batches up to that size (CUDA only). catch_up_max,
+        catch_up_batch: the longest catch-up forward and the batch size catch-ups longer than k + 1 run in
+        (module docstring). lazy_catch_up: capture those longer catch-up shapes on first use (the engine's
+        graph_capture="lazy"), not all at bind."""
         super().__init__(num_speculative_tokens)
+        if catch_up_max < 1 or catch_up_batch < 1:
+            raise ValueError(f"catch_up_max and catch_up_batch must be >= 1, got {catch_up_max}, {catch_up_batch}")
         self.model = model
         self.device, self.dtype, self.seed = device, dtype, seed
         self.graph_max_batch = graph_max_batch
-        self.graphs = None
+        self.catch_up_lens = catch_up_lens(num_speculative_tokens, catch_up_max)
+        self.catch_up_batch, self.lazy_catch_up = catch_up_batch, lazy_catch_up
+        self.graphs = None  # decode (1) and steady catch-up (1 + k) shapes, up to graph_max_batch
+        self.catch_up_graphs = None  # the longer catch-up shapes, up to catch_up_batch
+        self.num_graph_forwards = self.num_eager_forwards = 0
         self.kv_caches: list[torch.Tensor] = []
         self.written: dict[str, int] = {}
         # Draft draws are keyed by the drafted output index (salt 1: apart from the verifier's).
@@ -53,11 +83,23 @@ class DraftModelProposer(Proposer):
         # device still reads the inputs of a whole propose() and the next one's catch-up.
         self.staging = Staging(torch.device(self.device), slots=2 * self.k + 2)
         if self.graph_max_batch > 0 and torch.device(self.device).type == "cuda":
-            from verispec.worker.graphs import CudaGraphRunner
+            self.make_graphs()
 
-            # Scratch block: the cache's last block, which the engine never hands to a request.
-            self.graphs = CudaGraphRunner(self.model, self.kv_caches, self.graph_max_batch, query_lens=(1, 1 + self.k),
-                                          block_size=block_size, max_blocks_per_seq=-(-max_model_len // block_size))
+    def make_graphs(self, capture: bool = True) -> None:
+        """The drafter's graph runners over its cache (after bind): every shape a draft step or a
+        catch-up can take, captured now (the longer catch-ups on first use with lazy_catch_up).
+        capture=False: the runners' eager mode over the same static buffers (CPU tests of the graph path)."""
+        from verispec.worker.graphs import CudaGraphRunner
+
+        # Scratch block: the cache's last block, which the engine never hands to a request.
+        common = dict(block_size=self.block_size, max_blocks_per_seq=-(-self.max_model_len // self.block_size),
+                      capture=capture)
+        batch = max(1, self.graph_max_batch)
+        self.graphs = CudaGraphRunner(self.model, self.kv_caches, batch, query_lens=(1, 1 + self.k), **common)
+        if len(self.catch_up_lens) > 1:
+            self.catch_up_graphs = CudaGraphRunner(self.model, self.kv_caches, min(batch, self.catch_up_batch),
+                                                   query_lens=self.catch_up_lens[1:], lazy=self.lazy_catch_up,
+                                                   **common)
 
     def free_request(self, request_id: str) -> None:
         self.written.pop(request_id, None)
@@ -72,17 +114,24 @@ class DraftModelProposer(Proposer):
     @torch.inference_mode()
     def observe(self, sched: SchedulerOutput, result) -> None:
         """Keep the draft cache level with the target for requests still in prefill (their
-        tokens are prompt tokens, always known on the host)."""
+        tokens are prompt tokens, always known on the host), and roll back the draft K/V of a verified
+        step's rejected drafts now: the next drafting step may come many steps later (steps planned at
+        k = 0), when num_computed_tokens no longer marks where this step's accepted drafts ended."""
         todo = []
+        written = self.written
         for s in sched.scheduled:
             req = s.request
+            if s.num_draft_tokens:
+                w = written.get(req.request_id)
+                if w is not None and w > req.num_computed_tokens:
+                    written[req.request_id] = req.num_computed_tokens
             if req.is_finished or req.num_computed_tokens >= req.num_tokens - 1 or not req.block_ids:
                 continue
             w = self._written(req)
             if w < req.num_computed_tokens:
                 todo.append((req, w))
         if todo:
-            self._forward_chunks([(r, w, r.num_computed_tokens) for r, w in todo], {})
+            self._prefill_chunks([(r, w, r.num_computed_tokens) for r, w in todo])
             for r, _ in todo:
                 self.written[r.request_id] = r.num_computed_tokens
 
@@ -94,7 +143,7 @@ class DraftModelProposer(Proposer):
             return out
         ks = [self.num_drafts_for(r) for r in reqs]
         kmax = max(ks)
-        logits = self._forward_chunks([(r, self._catch_up_start(r), r.num_tokens) for r in reqs], sources or {})
+        logits = self._catch_up(reqs, sources or {})
         drafts = torch.full((len(reqs), kmax), PLACEHOLDER, dtype=torch.long, device=self.device)
         probs: dict[str, list[torch.Tensor]] = {r.request_id: [] for r in reqs}
         active = list(range(len(reqs)))
@@ -121,34 +170,72 @@ class DraftModelProposer(Proposer):
         out.probs = {rid: torch.stack(p) for rid, p in probs.items() if p}
         return out
 
-    def _catch_up_start(self, req: Request) -> int:
-        """First position of the catch-up forward: the last k + 1 tokens (uniform shape), or, when the
-        draft cache lacks an earlier position (after steps planned without drafts), the last 2^j
-        tokens that cover it: catch-up lengths come from a few powers of two, so the eager forwards
-        that run them compile a few kernel specializations once instead of one per gap length (each
-        a ~1 s stall on the H200, docs/BENCHMARKS.md session 9). Recomputing K/V the cache already
-        holds writes the same values."""
-        n = req.num_tokens - min(self._written(req), req.num_tokens - (self.k + 1))
-        if n > self.k + 1:
-            n = 1 << (n - 1).bit_length()
-        return max(0, req.num_tokens - n)
+    def _catch_up(self, reqs: list[Request], sources: dict) -> torch.Tensor:
+        """Bring the draft cache level with each request's tokens; the logits [len(reqs), V] at each one's
+        last token. One forward of k + 1 tokens per request in the steady state; after a gap (steps
+        planned without drafts) groups of catch_up_batch requests, each in forwards of one length from
+        catch_up_lens, the last of which ends at every request's last token (module docstring)."""
+        needs = [r.num_tokens - self._written(r) for r in reqs]
+        steady = self.catch_up_lens[0]
+        if max(needs) <= steady:
+            return self._forward_chunks([(r, steady, r.num_tokens) for r in reqs], sources)
+        out = []
+        for g in range(0, len(reqs), self.catch_up_batch):
+            group, need = reqs[g : g + self.catch_up_batch], max(needs[g : g + self.catch_up_batch])
+            n = next((x for x in self.catch_up_lens if x >= need), self.catch_up_lens[-1])
+            rounds = -(-need // n)
+            for j in range(rounds):
+                back = (rounds - 1 - j) * n  # tokens after this forward's chunk
+                # Earlier rounds only for requests whose gap reaches that far back.
+                items = [(r, n, r.num_tokens - back) for r, d in zip(group, needs[g:], strict=False) if d > back]
+                logits = self._forward_chunks(items, sources, logits=j == rounds - 1)
+            out.append(logits)
+        return out[0] if len(out) == 1 else torch.cat(out)
 
-    def _forward_chunks(self, items: list[tuple[Request, int, int]], sources: dict) -> torch.Tensor:
-        """Forward tokens [start, end) of each request (placeholders combined on the device)."""
+    def _forward_chunks(self, items: list[tuple[Request, int, int]], sources: dict,
+                        logits: bool = True) -> torch.Tensor | None:
+        """Forward tokens [end - n, end) of each (request, n, end) (padded in front where end < n;
+        placeholders combined on the device); the logits at each chunk's last token (logits=True)."""
+        host_ids, owners, chunks = [], [], []
+        for r, n, end in items:
+            start = max(0, end - n)
+            pad = n - (end - start)
+            ids = r.all_token_ids[start:end]
+            host_ids.extend([0] * pad)
+            owners.extend([None] * pad)
+            host_ids.extend(ids)
+            owners.extend((r.request_id, "out", pos - r.num_prompt_tokens) for pos in range(start, end))
+            chunks.append(SeqChunk(ids, start, r.block_ids, pad))
+        return self._forward(chunks, combine_inputs(host_ids, owners, sources, self.device, self.faults), logits)
+
+    def _prefill_chunks(self, items: list[tuple[Request, int, int]]) -> None:
+        """Forward prompt tokens [start, end) of each (request, start, end): observe()'s catch-up."""
         host_ids, owners, chunks = [], [], []
         for r, start, end in items:
             ids = r.all_token_ids[start:end]
             host_ids.extend(ids)
             owners.extend((r.request_id, "out", pos - r.num_prompt_tokens) for pos in range(start, end))
             chunks.append(SeqChunk(ids, start, r.block_ids))
-        return self._forward(chunks, combine_inputs(host_ids, owners, sources, self.device, self.faults))
+        self._forward(chunks, combine_inputs(host_ids, owners, {}, self.device, self.faults), logits=False)
 
-    def _forward(self, chunks: list[SeqChunk], input_ids: torch.Tensor) -> torch.Tensor:
+    def _forward(self, chunks: list[SeqChunk], input_ids: torch.Tensor, logits: bool = True) -> torch.Tensor | None:
+        """One drafter forward over the chunks: a graph replay where a captured shape fits, else eager;
+        the logits at each chunk's last token, or None (logits=False)."""
         with_ref = self.model.attn_backend.needs_reference_indices
         _, pos, meta = build_batch(chunks, self.block_size, self.device, token_ids=False, with_reference=with_ref,
                                    staging=self.staging)
-        out = self.graphs.run(input_ids, pos, meta, len(chunks), meta.max_query_len) if self.graphs else None
-        hidden = out.hidden if out is not None else self.model(input_ids, pos, meta, self.kv_caches)[0]
+        out = None
+        for graphs in (self.graphs, self.catch_up_graphs):
+            if graphs is not None and out is None:
+                out = graphs.run(input_ids, pos, meta, len(chunks), meta.max_query_len)
+        if out is not None:
+            self.num_graph_forwards += 1
+            hidden = out.hidden
+        else:
+            self.num_eager_forwards += 1
+            hidden = self.model(input_ids, pos, meta, self.kv_caches)[0]
+        if not logits:
+            return None
         if meta.max_query_len > 1:  # one token per chunk: every row is the chunk's last
             hidden = hidden[meta.query_start_loc[1:].long() - 1]
         return self.model.compute_logits(hidden)

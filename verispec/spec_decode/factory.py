@@ -27,10 +27,11 @@ def build_proposer(
 
     k = sc.num_speculative_tokens
     graphs = 0 if config.enforce_eager else min(config.max_num_seqs, 64)
+    lazy = config.graph_capture == "lazy"  # a draft model's longer catch-up shapes follow the target's graphs
     if sc.method == "ngram":
         return NgramProposer(k, sc.prompt_lookup_min, sc.prompt_lookup_max), 0
     if sc.method == "self":
-        proposer = DraftModelProposer(target, k, device, dtype, config.seed, graph_max_batch=graphs)
+        proposer = DraftModelProposer(target, k, device, dtype, config.seed, graph_max_batch=graphs, lazy_catch_up=lazy)
         return proposer, kv_bytes_per_block(target.config, config.block_size, dtype)
     if sc.method == "draft_model":
         loader = draft_loader or load_model
@@ -40,7 +41,7 @@ def build_proposer(
             from verispec.models.kernel_path import enable_triton, options_of
 
             enable_triton(draft, options=options_of(target))  # the target's options (defaults unless an A/B set them)
-        proposer = DraftModelProposer(draft, k, device, dtype, config.seed, graph_max_batch=graphs)
+        proposer = DraftModelProposer(draft, k, device, dtype, config.seed, graph_max_batch=graphs, lazy_catch_up=lazy)
         return proposer, kv_bytes_per_block(draft_cfg, config.block_size, dtype)
     if sc.method == "dflash":
         from verispec.spec_decode.dflash import build_dflash_proposer

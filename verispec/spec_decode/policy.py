@@ -31,7 +31,8 @@ Re-probing: while the plan is k = 0 the policy counts the steps; after `probe_ev
 step gets `probe_k` drafts, so requests whose text became predictable draft again. probe_every starts
 at probe_min and doubles after each probe that leaves the plan at 0 (up to probe_max), and falls back
 to probe_min once a plan drafts: a batch whose drafts never pay spends about one step in probe_max on
-them. At a batch size where no k would pay even if every draft were accepted (could_pay), the policy
+them. The clock starts afresh when a request arrives at an idle engine (reset_clock), so a workload run
+again makes the same plans. At a batch size where no k would pay even if every draft were accepted (could_pay), the policy
 does not probe at all.
 
 Everything here is a function of the counts the engine reports (observe) and the arguments of plan:
@@ -146,6 +147,16 @@ class SpeculationPolicy:
         self._retired: list[str] = []  # finished requests, dropped after the next plan
         self.idle_steps = 0  # consecutive plans at k = 0 since the last drafting step
         self.probe_every = self.params.probe_min
+
+    def reset_clock(self) -> None:
+        """A request arrives at an idle engine (engine.add_request): start the probe clock afresh (the
+        next probe comes after probe_min plans at k = 0) and drop the finished requests' counts now (no
+        step is in flight that a plan could still count them for, and a request id used again must
+        start from the prior)."""
+        self.idle_steps, self.probe_every = 0, self.params.probe_min
+        for rid in self._retired:
+            self.stats.pop(rid, None)
+        self._retired.clear()
 
     def _stats(self, request_id: str) -> AcceptanceStats:
         st = self.stats.get(request_id)

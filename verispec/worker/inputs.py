@@ -15,11 +15,15 @@ from verispec.core.attention_metadata import AttentionMetadata
 
 @dataclass
 class SeqChunk:
-    """New tokens of one sequence: token_ids at positions [start, start + len)."""
+    """New tokens of one sequence: token_ids at positions [start, start + len), after `pad` padding
+    queries (worker/batch.pad_before's convention: id 0, slot -1 so no K/V is written, positions only
+    for rotary; the chunk's seq_len stays start + len, so its real tokens see exactly what they would
+    unpadded). Padding gives chunks of different lengths one query length (a CUDA graph's shape)."""
 
     token_ids: list[int]
     start: int
     block_ids: list[int]
+    pad: int = 0
 
 
 def to_device(values: Sequence, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
@@ -52,10 +56,14 @@ def build_batch(
     query_lens, seq_lens, tables = [], [], []
     for c in chunks:
         n = len(c.token_ids)
+        if c.pad:
+            ids.extend([0] * c.pad)
+            pos.extend(max(0, c.start - c.pad + i) for i in range(c.pad))
+            slots.extend([-1] * c.pad)
         ids.extend(c.token_ids)
         pos.extend(range(c.start, c.start + n))
         extend_slots(slots, c.block_ids, c.start, n, block_size)
-        query_lens.append(n)
+        query_lens.append(n + c.pad)
         seq_lens.append(c.start + n)
         tables.append(c.block_ids)
     max_blocks = max(len(t) for t in tables)
