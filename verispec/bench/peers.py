@@ -50,13 +50,15 @@ def _gemma3_config(c):
     from transformers import Gemma3TextConfig
 
     layer_types = ["sliding_attention" if w else "full_attention" for w in c.layer_windows()]
+    scalar = c.query_pre_attn_scalar or c.head_dim
+    scalar = int(scalar) if float(scalar).is_integer() else scalar  # transformers' strict config types it int
     return Gemma3TextConfig(
         vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
         num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
         head_dim=c.head_dim, max_position_embeddings=c.max_position_embeddings, rms_norm_eps=c.rms_norm_eps,
         rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": c.rope_theta},
                          "sliding_attention": {"rope_type": "default", "rope_theta": c.rope_local_theta}},
-        query_pre_attn_scalar=c.query_pre_attn_scalar or c.head_dim, sliding_window=c.sliding_window or 0,
+        query_pre_attn_scalar=scalar, sliding_window=c.sliding_window,
         layer_types=layer_types, final_logit_softcapping=c.final_logit_softcapping, attn_logit_softcapping=None,
         tie_word_embeddings=True, hidden_activation="gelu_pytorch_tanh",
     )
