@@ -7,7 +7,7 @@
 # CUDA graphs, schema-valid outputs, speculation token-identical under the grammar).
 #
 # GPU time budget: ~3 minutes (estimate, never measured): test ~40 s, bench ~130 s (6 engines; batch 1
-# runs 6 requests, batch 16 runs 16, up to 256 tokens each, warm-up + 2 runs per mode). Each command
+# runs 6 requests, batch 16 runs 16, up to 384 tokens each, warm-up + 2 runs per mode). Each command
 # has its own timeout (test 300 s, bench 420 s).
 #
 # Needs, on the GPU machine (run from the repository root):
@@ -49,7 +49,7 @@ if [ $DRY = 0 ]; then
     [ -e "$VERISPEC_CACHE_DIR/models/$m.gguf" ] || ln -s /tmp/models/$m.gguf "$VERISPEC_CACHE_DIR/models/$m.gguf"
   done
   GATE=()
-  BENCH=(--model $M --draft-model $D --dtype bfloat16 --batch-sizes 1,16 --num-prompts 6 --max-tokens 256 --repeats 2)
+  BENCH=(--model $M --draft-model $D --dtype bfloat16 --batch-sizes 1,16 --num-prompts 6 --max-tokens 384 --repeats 2)
 else
   GATE=(--gate-device cpu)
   TINY='{"hidden_size":64,"intermediate_size":128,"num_layers":2,"num_heads":4,"num_kv_heads":2,"head_dim":16}'

@@ -42,27 +42,29 @@ COLUMNS: list[Column] = [
 PEER_COLUMNS: list[Column] = []
 METHODS = ("none", "ngram", "self", "draft_model")
 
-# A bounded answer shape for programming requests: every string and array has a maximum, so a greedy
-# model ends it well before max_tokens (a truncated output is counted as such, not validated).
+# A bounded answer shape for programming requests: every string and array has a maximum (at most ~1,000
+# characters of content), so a greedy model ends it before max_tokens = 384 (the real 0.5B filled a looser
+# version, 300-character code strings and 5 steps, past 256 tokens); a truncated output is counted as such.
 DEFAULT_SCHEMA: dict = {
     "type": "object",
     "properties": {
-        "title": {"type": "string", "maxLength": 60},
+        "title": {"type": "string", "maxLength": 48},
         "language": {"enum": ["python", "javascript", "typescript", "c", "c++", "rust", "go", "java", "bash",
                               "sql", "other"]},
-        "steps": {"type": "array", "minItems": 1, "maxItems": 5, "items": {
+        "steps": {"type": "array", "minItems": 1, "maxItems": 3, "items": {
             "type": "object",
-            "properties": {"description": {"type": "string", "maxLength": 120},
-                           "code": {"type": "string", "maxLength": 300}},
+            "properties": {"description": {"type": "string", "maxLength": 80},
+                           "code": {"type": "string", "maxLength": 160}},
             "required": ["description", "code"], "additionalProperties": False}},
         "complexity": {"enum": ["O(1)", "O(log n)", "O(n)", "O(n log n)", "O(n^2)", "other"]},
-        "tests": {"type": "array", "maxItems": 4, "items": {"type": "string", "maxLength": 80}},
+        "tests": {"type": "array", "maxItems": 3, "items": {"type": "string", "maxLength": 40}},
     },
     "required": ["title", "language", "steps", "complexity", "tests"],
     "additionalProperties": False,
 }
-DEFAULT_INSTRUCTION = ("Answer as one JSON object with a title, the language, a few steps (each a description "
-                       "and its code), the time complexity and the names of a few tests.")
+DEFAULT_INSTRUCTION = ("Answer as one short JSON object: a title, the language, at most three steps (each a "
+                       "one-line description and a short code snippet), the time complexity and up to three "
+                       "test names.")
 
 
 def load_schema(path: str | None) -> dict:
