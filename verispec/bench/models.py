@@ -15,10 +15,11 @@ from verispec.bench.prompts import Prompt
 from verispec.config import EngineConfig, ModelConfig
 from verispec.engine.builder import default_quantization
 from verispec.loader.model_loader import load_model, resolve_device_dtype
-from verispec.models.qwen2 import CausalLM, build_model
+from verispec.models.build import build_model, model_class
+from verispec.models.qwen2 import CausalLM
 
-# Shapes of the registry models' GGUF files (both keep a separate output.weight), for --random-weights
-# when the file itself is not on this machine.
+# Shapes of the registry models' GGUF files (the Qwen ones keep a separate output.weight), for
+# --random-weights when the file itself is not on this machine; "arch" defaults to qwen2.
 _QWEN2_COMMON = dict(vocab_size=151936, num_kv_heads=2, rope_theta=1e6, rms_norm_eps=1e-6,
                      max_position_embeddings=32768, tie_word_embeddings=False, bos_token_id=151643,
                      eos_token_id=151645)
@@ -27,6 +28,10 @@ REGISTRY_SHAPES: dict[str, dict] = {
                                         head_dim=64, **_QWEN2_COMMON),
     "qwen2.5-coder-1.5b-instruct": dict(hidden_size=1536, intermediate_size=8960, num_layers=28, num_heads=12,
                                         head_dim=128, **_QWEN2_COMMON),
+    "gemma-3-270m": dict(arch="gemma3", vocab_size=262144, hidden_size=640, intermediate_size=2048, num_layers=18,
+                         num_heads=4, num_kv_heads=1, head_dim=256, rope_theta=1e6, rope_local_theta=1e4,
+                         sliding_window=512, sliding_window_pattern=6, max_position_embeddings=32768,
+                         bos_token_id=2, eos_token_id=1),
 }
 
 
@@ -142,7 +147,8 @@ def shapes_for(name: str, overrides: dict | None = None) -> ModelConfig:
         stem = Path(name).name.removesuffix(".gguf")
         if stem not in REGISTRY_SHAPES:
             raise ValueError(f"no shapes known for {name!r}: use one of {sorted(REGISTRY_SHAPES)} or a local GGUF")
-        cfg = ModelConfig.for_arch("qwen2", **REGISTRY_SHAPES[stem])
+        shapes = dict(REGISTRY_SHAPES[stem])
+        cfg = ModelConfig.for_arch(shapes.pop("arch", "qwen2"), **shapes)
     return dataclasses.replace(cfg, **(overrides or {}), name=name)
 
 
@@ -150,7 +156,7 @@ def random_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, see
     """A model with `cfg`'s shapes and random weights scaled to keep activations O(1), made on `device`."""
     g = torch.Generator(device=device).manual_seed(seed)
     with torch.device("meta"):
-        shapes = {n: p.shape for n, p in CausalLM(cfg).named_parameters()}
+        shapes = {n: p.shape for n, p in model_class(cfg)(cfg).named_parameters()}
     sd = {}
     for n, shape in shapes.items():
         if n.endswith("norm.weight"):

@@ -1,7 +1,10 @@
 """Peers: Hugging Face transformers in the same process on verispec's own weights, and published figures.
 
-The HF model is built from a `transformers.Qwen2Config` and verispec's state dict (verispec uses Hugging Face's
-parameter names), sharing the tensors: no second GGUF dequantization, identical weights.
+The HF model is built from a transformers config made from verispec's (`Qwen2Config` for Qwen2,
+`Gemma3TextConfig` for Gemma 3) and verispec's state dict (verispec uses Hugging Face's parameter names),
+sharing the tensors: no second GGUF dequantization (no `gguf` package needed), identical weights. Gemma 3's
+norms are the one exception: verispec holds 1 + w (as the GGUF stores them), transformers w, so those small
+vectors are copies with the 1 taken off.
 """
 
 from __future__ import annotations
@@ -26,31 +29,69 @@ PUBLISHED: dict[str, dict[str, float]] = {
 }
 
 
-def hf_model(model: CausalLM):
-    """A transformers Qwen2ForCausalLM sharing `model`'s weights (same device and dtype), in eval mode."""
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+HF_ARCHS = ("qwen2", "gemma3")  # the architectures hf_model builds
 
-    c = model.config
-    if c.arch != "qwen2":
-        raise ValueError(f"the HF peer builds Qwen2 models only, not {c.arch!r}")
-    from verispec.models.layers.quant import is_quantized
 
-    if any(is_quantized(m) for m in model.modules()):
-        raise ValueError("the HF peer shares dense weights: run it with --quantization none")
-    hf_cfg = Qwen2Config(
+def _qwen2_config(c):
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
         vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
         num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
         head_dim=c.head_dim, max_position_embeddings=c.max_position_embeddings, rms_norm_eps=c.rms_norm_eps,
         tie_word_embeddings=c.tie_word_embeddings, rope_theta=c.rope_theta,
         rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta},
     )
+
+
+def _gemma3_config(c):
+    """Gemma3TextConfig from verispec's config: the same local / global layer pattern, both rotary bases,
+    the query scalar and softcapping (transformers' default activation is Gemma's gelu-tanh)."""
+    from transformers import Gemma3TextConfig
+
+    layer_types = ["sliding_attention" if w else "full_attention" for w in c.layer_windows()]
+    scalar = c.query_pre_attn_scalar or c.head_dim
+    scalar = int(scalar) if float(scalar).is_integer() else scalar  # transformers' strict config types it int
+    return Gemma3TextConfig(
+        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
+        head_dim=c.head_dim, max_position_embeddings=c.max_position_embeddings, rms_norm_eps=c.rms_norm_eps,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": c.rope_theta},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": c.rope_local_theta}},
+        query_pre_attn_scalar=scalar, sliding_window=c.sliding_window,
+        layer_types=layer_types, final_logit_softcapping=c.final_logit_softcapping, attn_logit_softcapping=None,
+        tie_word_embeddings=True, hidden_activation="gelu_pytorch_tanh",
+    )
+
+
+def hf_model(model: CausalLM):
+    """A transformers causal LM (Qwen2ForCausalLM or Gemma3ForCausalLM) sharing `model`'s weights (same
+    device and dtype), in eval mode. ValueError for another architecture or quantized weights."""
+    c = model.config
+    if c.arch not in HF_ARCHS:
+        raise ValueError(f"the HF peer builds {', '.join(HF_ARCHS)} models, not {c.arch!r}")
+    from verispec.models.layers.quant import is_quantized
+
+    if any(is_quantized(m) for m in model.modules()):
+        raise ValueError("the HF peer shares dense weights: run it with --quantization none")
+    from transformers import GenerationConfig
+
     params = model.hf_state_dict()
+    if c.arch == "gemma3":
+        from transformers import Gemma3ForCausalLM as cls
+
+        hf_cfg = _gemma3_config(c)
+        params = {n: (t - 1 if n.endswith("norm.weight") else t) for n, t in params.items()}
+    else:
+        from transformers import Qwen2ForCausalLM as cls
+
+        hf_cfg = _qwen2_config(c)
     weight = params["model.embed_tokens.weight"]
     old = torch.get_default_dtype()
     torch.set_default_dtype(weight.dtype)
     try:
         with torch.device(weight.device):
-            hf = Qwen2ForCausalLM(hf_cfg)
+            hf = cls(hf_cfg)
     finally:
         torch.set_default_dtype(old)
     missing, unexpected = hf.load_state_dict(params, strict=False, assign=True)
