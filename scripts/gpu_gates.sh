@@ -32,7 +32,7 @@ PROMPTS=prompts/heldout_requests.jsonl
 TEST_FILES=${TEST_FILES:-tests/test_faults.py tests/test_real_model_spec.py tests/test_spec_decode.py tests/test_batch_invariance.py}
 SHARD=${SHARD:-5}
 CLI=(python3 -m verispec.entrypoints.cli)
-PYTEST=(python3 -m pytest -v -rfE --tb=short -p no:cacheprovider -p pytest_live_log)
+PYTEST=(python3 -m pytest -v -rfE --tb=short -p no:cacheprovider -p pytest_live_log -m gpu)  # -m gpu: also the cells marked slow (addopts deselects those)
 T0=$(date +%s)
 if [[ $DEVICE == cpu ]]; then
   BUDGET_S=${BUDGET_S:-1800}

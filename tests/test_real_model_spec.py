@@ -151,12 +151,14 @@ def real_drafter(real, tmp_path_factory) -> str:
     return str(path)
 
 
-CUDA_CELLS = [("dflash", False), ("ngram", True), ("self", True), ("draft_model", True),
-              pytest.param("dflash", True, marks=pytest.mark.xfail(strict=True, reason=(
-                  "known sync/async divergence, session 10 (CPU dry run, --gate-device cpu): under 11 blocks "
-                  "the two loops' plans part at one step (a request the synchronous loop plans over is not "
-                  "in the overlapped loop's set), then reserve preempts differently and the sampled "
-                  "request's tokens differ; not yet explained")))]
+CUDA_CELLS = [("dflash", False), ("ngram", True), ("self", True), ("draft_model", True), ("dflash", True)]
+# The known sync/async divergence, session 10 (CPU dry run, --gate-device cpu): under 11 blocks the two loops'
+# plans part at one step (a request the synchronous loop plans over is not in the overlapped loop's set), then
+# reserve preempts differently and the sampled request's tokens differ; not yet explained. On CUDA (one block
+# fewer: the graphs' scratch block) the cell passed on the H200 in session 11, so it is expected to fail on
+# the CPU only.
+DFLASH_ADAPTIVE_CPU_DIVERGENCE = pytest.mark.xfail(strict=True, reason="known sync/async divergence on the CPU "
+                                                   "run of this cell (session 10); passes on CUDA (session 11)")
 
 
 @pytest.mark.parametrize("target", CUDA_ONLY, scope="module")
@@ -165,9 +167,11 @@ CUDA_CELLS = [("dflash", False), ("ngram", True), ("self", True), ("draft_model"
                               "dflash-adaptive"])
 def test_real_sync_async_parity_more(real, prompts, method, adaptive, request):
     """The rest of the matrix where it is cheap (CUDA): dflash, and the adaptive policy (same inputs in
-    both loops, so same plans: exact tokens and counters; dflash-adaptive is a known failure, xfail)."""
+    both loops, so same plans: exact tokens and counters; dflash-adaptive is a known failure on the CPU, xfail)."""
     from parity import SPECS
 
+    if method == "dflash" and adaptive and real[0].lm_head_weight.device.type == "cpu":
+        request.applymarker(DFLASH_ADAPTIVE_CPU_DIVERGENCE)
     spec = {**SPECS[method], "adaptive": adaptive}
     if method == "dflash":
         spec["model"] = request.getfixturevalue("real_drafter")
