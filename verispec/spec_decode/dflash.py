@@ -68,6 +68,34 @@ def build_dflash_proposer(sc, target: CausalLM, device, dtype, config) -> tuple[
 OWED_MAX_ROWS = 4096  # deferred context rows (DFlashProposer._owed) past which they are written at once
 
 
+class _OwedChunk:
+    """The deferred context of one undrafted step: feature rows [n, F] on the device, and per row its
+    position, slot and owning request; rows already written (their request was freed) are skipped."""
+
+    def __init__(self, feats: torch.Tensor, positions: list[int], slots: list[int], owners: list[str]) -> None:
+        self.feats, self.positions, self.slots, self.owners = feats, positions, slots, owners
+        self.written: set[int] = set()  # row indices
+
+    def _select(self, idx: list[int]) -> tuple[torch.Tensor, list[int], list[int]]:
+        if len(idx) == len(self.positions):
+            return self.feats, self.positions, self.slots
+        sel = to_device(idx, torch.long, self.feats.device)
+        return self.feats[sel], [self.positions[i] for i in idx], [self.slots[i] for i in idx]
+
+    def take(self, request_id: str) -> tuple[torch.Tensor | None, list[int], list[int]]:
+        """The rows of one request not written yet, marked written now."""
+        idx = [i for i, o in enumerate(self.owners) if o == request_id and i not in self.written]
+        if not idx:
+            return None, [], []
+        self.written.update(idx)
+        return self._select(idx)
+
+    def unwritten(self) -> tuple[torch.Tensor | None, list[int], list[int]]:
+        """Every row not written yet."""
+        idx = [i for i in range(len(self.positions)) if i not in self.written]
+        return self._select(idx) if idx else (None, [], [])
+
+
 class DFlashProposer(Proposer):
     """Drafts min(k, B-1) tokens per request from one block-parallel drafter forward. Drafts stay
     on the device (Proposal.device); the block's first token is read from the device when the host
@@ -94,12 +122,14 @@ class DFlashProposer(Proposer):
         # committed positions whose context K/V are not written yet, and the step's captured features.
         self._pending: dict[str, tuple[list[int], list[int], list[int]]] = {}
         self._captured: list[torch.Tensor] = []
-        # Context K/V deferred from steps that draft nothing (the policy's k = 0): per request, the
-        # features (gathered out of that step's captured buffers, on the device), positions and slots of
-        # its committed positions. Written in one forward before the next step that drafts (for every
-        # request: a prefix hit may read another request's blocks), when their request is freed, or once
-        # OWED_MAX_ROWS pile up. So a step planned at 0 costs a gather, not a drafter forward.
-        self._owed: dict[str, list[tuple[torch.Tensor, list[int], list[int]]]] = {}
+        # Context K/V deferred from steps that draft nothing (the policy's k = 0): per such step one chunk,
+        # the features of every request's committed positions (gathered out of that step's captured
+        # buffers in one index, on the device), their positions, slots and owners. Written in one forward
+        # before the next step that drafts (for every request: a prefix hit may read another request's
+        # blocks) or once OWED_MAX_ROWS pile up; a freed request's rows are written then (its blocks may
+        # go to another request, and a prefix hit may count on them) and skipped later. So a step planned
+        # at 0 costs one gather whatever the batch, not a drafter forward.
+        self._owed: list[_OwedChunk] = []
         self._owed_rows = 0
 
     def bind(self, num_blocks: int, block_size: int, max_model_len: int) -> None:
@@ -111,11 +141,9 @@ class DFlashProposer(Proposer):
     def free_request(self, request_id: str) -> None:
         self.state.pop(request_id, None)
         self.generators.free(request_id)
-        if request_id in self._owed or request_id in self._pending:
-            # Its context K/V not written yet are written now, while its blocks hold nothing else: a
-            # prefix hit may already count on them (block_hash), and the blocks may go to another request.
-            self._flush_context(keep=set(self._pending) - {request_id})
-            self._pending.pop(request_id, None)
+        # Its context K/V not written yet are written now, while its blocks hold nothing else: a prefix
+        # hit may already count on them (block_hash), and the blocks may go to another request.
+        self._flush_request(request_id)
 
     def consumed(self, request_id: str) -> int | None:
         """Positions of the request whose context the drafter holds (None: unknown request)."""
@@ -193,26 +221,56 @@ class DFlashProposer(Proposer):
                 rows += r
                 positions += p
                 slots += sl
-        parts = [f for chunks in self._owed.values() for f, _, _ in chunks]
-        if not rows and not parts:
-            return
-        owed_pos = [x for chunks in self._owed.values() for _, p, _ in chunks for x in p]
-        owed_slots = [x for chunks in self._owed.values() for _, _, sl in chunks for x in sl]
+        parts, owed_pos, owed_slots = [], [], []
+        for c in self._owed:
+            f, p, sl = c.unwritten()
+            if p:
+                parts.append(f)
+                owed_pos += p
+                owed_slots += sl
+        self._owed, self._owed_rows = [], 0
         if rows:
             parts.append(self._gather(rows))
+        self._write(parts, owed_pos + positions, owed_slots + slots)
+
+    def _flush_request(self, request_id: str) -> None:
+        """Write one request's deferred and pending context K/V now (its other chunks' rows stay owed)."""
+        parts, positions, slots = [], [], []
+        for c in self._owed:
+            f, p, sl = c.take(request_id)
+            if p:
+                parts.append(f)
+                positions += p
+                slots += sl
+        pend = self._pending.pop(request_id, None)
+        if pend is not None:
+            parts.append(self._gather(pend[0]))
+            positions += pend[1]
+            slots += pend[2]
+        self._write(parts, positions, slots)
+
+    def _write(self, parts: list[torch.Tensor], positions: list[int], slots: list[int]) -> None:
+        """One drafter context forward over feature rows `parts` (concatenated) at positions / slots."""
+        if not positions:
+            return
         dev = self.device
         self.drafter.write_context(torch.cat(parts) if len(parts) > 1 else parts[0],
-                                   to_device(owed_pos + positions, torch.long, dev),
-                                   to_device(owed_slots + slots, torch.long, dev), self.kv)
-        self._owed, self._owed_rows = {}, 0
+                                   to_device(positions, torch.long, dev), to_device(slots, torch.long, dev), self.kv)
 
     def _defer_context(self) -> None:
-        """A step that drafts nothing: keep its pending context (features gathered now, as the captured
-        buffers are the next step's) for the next drafting step."""
+        """A step that drafts nothing: keep its pending context (features gathered now, in one index, as
+        the captured buffers are the next step's) for the next drafting step."""
+        rows, positions, slots, owners = [], [], [], []
         for rid, (r, p, sl) in self._pending.items():
-            self._owed.setdefault(rid, []).append((self._gather(r), p, sl))
-            self._owed_rows += len(r)
+            rows += r
+            positions += p
+            slots += sl
+            owners += [rid] * len(r)
         self._pending = {}
+        if not rows:
+            return
+        self._owed.append(_OwedChunk(self._gather(rows), positions, slots, owners))
+        self._owed_rows += len(rows)
         if self._owed_rows > OWED_MAX_ROWS:
             self._flush_context(set())
 
