@@ -248,6 +248,31 @@ def test_speculation_is_exact_under_grammars(target, draft, parity_inputs, plain
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
+def test_grammar_stop_ends_the_step_under_ignore_eos(qwen05_path, async_scheduling):
+    """ignore_eos with a grammar, on the real 0.5B: the grammar's stop token (EOS) still ends the request,
+    also when drafts past it are accepted in the same step (self-drafting: past the stop the rows are
+    unmasked and the drafts are the target's own tokens, "\nI'm ..."). Found on the H200, where bench
+    structured sets ignore_eos: draft_model emitted tokens the grammar refused and text after the JSON.
+    Before the fix: "yes<|im_end|>\n<|endoftext|>I'm", 8 refused tokens."""
+    from verispec import LLM
+
+    spec = {"method": "self", "num_speculative_tokens": 4, "adaptive": False}
+    llm = LLM(str(qwen05_path), device="cpu", dtype="float32", quantization="none", max_model_len=512,
+              speculative_config=spec, async_scheduling=async_scheduling)
+    qs = ["Is 7 a prime number? Answer yes or no.", "Is 9 a prime number? Answer yes or no."]
+    sp = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True,
+                        structured_outputs=StructuredOutputsParams(choice=["yes", "no"]))
+    outs = llm.chat([[{"role": "user", "content": q}] for q in qs], sp)
+    eos = llm.tokenizer.eos_token_ids
+    for o in outs:
+        ids = o.outputs[0].token_ids
+        assert o.outputs[0].text in ("yes", "no") and o.outputs[0].finish_reason == "stop", o.outputs[0].text
+        assert ids[-1] in eos and not any(t in eos for t in ids[:-1])
+    m = llm.engine.get_metrics()
+    assert m["structured_output_refused_tokens"] == 0 and m["spec_decode_num_accepted_tokens"] > 0
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
 def test_unmasked_verify_fault_is_caught(target, draft, parity_inputs, plain, async_scheduling):
     """With drafts verified without the grammar mask (the unmasked_verify fault), the "self" drafter's
     drafts (the target's own unmasked choices) get through: outputs differ from constrained plain

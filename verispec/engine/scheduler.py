@@ -293,7 +293,9 @@ class Scheduler:
         p = req.params
         n = len(req.output_token_ids) if n is None else n
         if n >= p.min_tokens:
-            if tok in req.eos_token_ids and not p.ignore_eos:
+            # Under a grammar EOS is its stop token (worker/grammar.py), allowed only where the grammar ends:
+            # it ends the request even with ignore_eos, and a speculative step's tokens after it are dropped.
+            if tok in req.eos_token_ids and (not p.ignore_eos or req.grammar is not None):
                 req.finish_reason, req.stop_reason = "stop", None
                 return True
             if tok in p.stop_token_ids:
