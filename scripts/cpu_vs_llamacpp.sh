@@ -20,7 +20,8 @@ for r in $(seq "$ROUNDS"); do
            --quantization $q --max-tokens 128 2>&1 | grep -i "tok/s" | tail -1)
     echo "round $r verispec quantization=$q: $line"
   done
-  (cd "$NLC" && NODE_PATH="$NLC/node_modules" node "$OLDPWD/scripts/llamacpp_cpu.mjs" "$GGUF" "$P" 128 "$T" 2>/dev/null \
-     | tail -1 | sed "s/^/round $r llama.cpp: /")
+  # (an ES module resolves its imports beside itself, so it runs from a copy in $NLC)
+  cp scripts/llamacpp_cpu.mjs "$NLC/" && node "$NLC/llamacpp_cpu.mjs" "$GGUF" "$P" 128 "$T" 2>/dev/null \
+     | tail -1 | sed "s/^/round $r llama.cpp: /"
 done
 echo "load after $(cut -d' ' -f1-3 /proc/loadavg)"
