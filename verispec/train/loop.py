@@ -36,8 +36,9 @@ invocation: a resumed run compares its own checks only).
 Default run on one H200 (`verispec train-drafter --target qwen2.5-coder-1.5b-instruct --out DIR`,
 15 minutes after the target loads). Session 10 measured generation at 5.8k tok/s: every sampled row
 (Magpie turns at temperature 1, extra responses at 0.7) cost its own kernels; they are now drawn together
-(worker/verifier.py), so generation should run near plain decoding's batched rate (~25k tok/s at 256
-sequences with top-p sorting; a prediction, to be measured). Then: generation <= 450 s (0.5), of it at
+(worker/verifier.py); session 11 measured 11.7k tok/s (2x; the prediction was ~25k), the Magpie phase
+slowest (it refilled a slot every step, so its steps prefilled and ran eagerly: now it refills in bursts
+as the response phases do, --refill-below; not measured yet). Planned shares: generation <= 450 s (0.5), of it at
 most 25% for 8,000 Magpie first turns of <= 320 tokens, 2,000 stdlib stubs, 10,000 first responses
 <= 256 tokens, ~2,000 second turns, sampled extras until the 80 GiB feature cap (~5.6M tokens at
 5 layers x 1536 x bf16; ~18k sequences) stops it; features ~40 s; training until the epoch cap (~5,600
@@ -129,7 +130,8 @@ def feature_bytes_per_token(cfg: DFlashConfig, dev: torch.device) -> int:
 def magpie_options(opts: TrainOptions) -> MagpieOptions:
     """The Magpie sampling and filter settings of a run."""
     return MagpieOptions(temperature=opts.magpie_temperature, top_p=opts.magpie_top_p,
-                         max_tokens=opts.magpie_max_tokens, keep_incomplete=opts.magpie_keep_incomplete)
+                         max_tokens=opts.magpie_max_tokens, keep_incomplete=opts.magpie_keep_incomplete,
+                         refill_below=opts.refill_below)
 
 
 def source_counts(opts: TrainOptions) -> tuple[int, int]:
