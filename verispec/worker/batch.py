@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from verispec.core.placeholder import PLACEHOLDER
 from verispec.core.scheduler_output import ScheduledRequest, SchedulerOutput
-from verispec.worker.inputs import extend_slots, padded_tables
+from verispec.worker.inputs import extend_padding, extend_slots, padded_tables
 from verispec.worker.token_state import Owner
 
 # The id of the sentinel input appended after a step's ids: padded draft slots point at it, and
@@ -171,9 +171,7 @@ def pad_before(hb: HostBatch, start: int, num: int) -> None:
     num + j, exactly keys [0, start + j] as unpadded; pad query i sees [0, start - num + i],
     only keys already in the cache before this step (none when negative: zeros). Pads write
     no K/V (slot -1) and are never a logit or draft row. Their positions only feed rotary."""
-    hb.ids += [0] * num
-    hb.positions += [max(0, start - num + i) for i in range(num)]
-    hb.slots += [-1] * num
+    extend_padding(hb.ids, hb.positions, hb.slots, start, num)
 
 
 def draft_index(draft_pos: list[range], kmax: int, sentinel: int) -> list[int]:

@@ -26,6 +26,14 @@ class SeqChunk:
     pad: int = 0
 
 
+def extend_padding(ids: list[int], positions: list[int], slots: list[int], start: int, num: int) -> None:
+    """Append num padding queries placed before a chunk starting at `start` (batch.pad_before explains
+    what they see): id 0, positions start - num .. start - 1 (clamped at 0; rotary only), slot -1 (no K/V)."""
+    ids.extend([0] * num)
+    positions.extend(max(0, start - num + i) for i in range(num))
+    slots.extend([-1] * num)
+
+
 def to_device(values: Sequence, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
     """A small host list as a device tensor without a stream sync: pinned, then a non-blocking
     copy on CUDA (torch.tensor(values, device=cuda) waits for all queued work)."""
@@ -57,9 +65,7 @@ def build_batch(
     for c in chunks:
         n = len(c.token_ids)
         if c.pad:
-            ids.extend([0] * c.pad)
-            pos.extend(max(0, c.start - c.pad + i) for i in range(c.pad))
-            slots.extend([-1] * c.pad)
+            extend_padding(ids, pos, slots, c.start, c.pad)
         ids.extend(c.token_ids)
         pos.extend(range(c.start, c.start + n))
         extend_slots(slots, c.block_ids, c.start, n, block_size)

@@ -352,8 +352,7 @@ class Verifier:
             keys = [key32(sample_key(s.request, self.seed, len(s.request.output_token_ids))) for _, s, _ in plain]
             which = to_device([i for i, _, _ in plain], torch.long, dev)
             tok = sample_by_key(probs[to_device(at, torch.long, dev)], to_device(keys, torch.long, dev))
-            tokens[which, 0] = tok
-            num_acc[which] = 0
+            tokens[which, 0] = tok  # (num_acc is 0 there already: padded drafts never match)
         for i, (s, r) in enumerate(sampling):
             req = s.request
             k = s.num_draft_tokens
