@@ -85,15 +85,22 @@ def main() -> None:
     ap.add_argument("--dflash-model", default=None)
     ap.add_argument("-k", type=int, default=4)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--random-weights", action="store_true")
     a = ap.parse_args()
-    setup = BenchSetup(EngineConfig(model=a.model, device=a.device, dtype=a.dtype))
+    setup = BenchSetup(EngineConfig(model=a.model, device=a.device, dtype=a.dtype), random_weights=a.random_weights)
     bm = load_bench_model(setup)
     ids, src = bench_prompt_ids(bm, a.prompts, a.num_prompts, a.output_len, a.chat)
     print(f"{len(ids)} prompts from {src}, batch {a.batch_size}, {a.output_len} tokens", flush=True)
     gcc = GcClock()
     stats = {}
     for method in a.methods.split(","):
-        spec = spec_config(method, a.k, a.draft_model, a.dflash_model, True)
+        dflash = a.dflash_model
+        if method == "dflash" and dflash == "random":
+            import tempfile
+
+            from verispec.bench.spec import random_drafter
+            dflash = random_drafter(bm, tempfile.mkdtemp(prefix="verispec-dflash-"))
+        spec = spec_config(method, a.k if method != "dflash" else 15, a.draft_model, dflash, True)
         draft = None
         if method == "draft_model":
             from verispec.bench.spec import load_draft
@@ -105,7 +112,7 @@ def main() -> None:
         slow = [(i, r) for i, r in enumerate(recs) if r["s"] > 5 * med]
         print(f"\n== {method}: {len(recs)} steps, median {1e3 * med:.3f} ms, {len(slow)} slow "
               f"({1e3 * sum(r['s'] for _, r in slow):.1f} ms); gc total {1e3 * sum(d for r in recs for _, d in r['gc']):.1f} ms")
-        for i, r in slow[:40]:
+        for i, r in slow[:12]:
             prev = recs[i - 1] if i else None
             print(f"  step {i}: {1e3 * r['s']:.2f} ms rows {r['rows']} prefill~{r['prefill']} drafts {r['drafts']} "
                   f"outs {r['outs']} fin {r['finished']} gc {[(g, round(1e3 * d, 2)) for g, d in r['gc']]} | prev: "
