@@ -215,3 +215,46 @@ def test_dflash_defers_context_of_undrafted_steps(models, dflash_dir, monkeypatc
     assert d_c["spec_decode_num_drafts"] > 0  # drafting steps happened, after k = 0 stretches:
     assert d_c["spec_decode_num_drafts"] < sum(p.max_tokens for p in params)  # not every step drafted
     assert d_calls < i_calls
+
+
+class DraftsNeverPay:
+    """A step cost under which no draft pays (the policy plans k = 0 and never probes)."""
+
+    def seconds(self, k: int, batch: int) -> float:
+        return 1.0 + 100.0 * k
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_dflash_requests_finishing_together_share_one_context_write(models, dflash_dir, monkeypatch,
+                                                                    async_scheduling):
+    """Four requests that never draft finish in the same step: their deferred context K/V are written in
+    one drafter forward at the next step's observe (not one per finished request), and nothing else
+    writes context. Tokens equal plain decoding's."""
+    from verispec import SamplingParams
+    from verispec.spec_decode import dflash_model
+
+    calls = []
+    real_write = dflash_model.DFlashDrafter.write_context
+
+    def counting(self, feats, positions, slots, kv):
+        calls.append(int(positions.numel()))
+        return real_write(self, feats, positions, slots, kv)
+
+    monkeypatch.setattr(dflash_model.DFlashDrafter, "write_context", counting)
+    prompts = scenario_prompts(vocab_hi=VOCAB - 12)[:5]
+    params = [SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)] * 4 + [
+        SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)]  # a fifth runs on: the next observe
+    spec = {"method": "dflash", "num_speculative_tokens": 3, "model": str(dflash_dir), "adaptive": True}
+    eng = tiny_engine(models[0], spec=spec, async_scheduling=async_scheduling, step_cost=DraftsNeverPay(),
+                      max_num_seqs=8)
+    out = [o.outputs[0].token_ids for o in run_all(eng, prompts, params)]
+    plain = [o.outputs[0].token_ids for o in run_all(tiny_engine(models[0], async_scheduling=async_scheduling),
+                                                     prompts, params)]
+    assert out == plain
+    assert eng.get_metrics()["spec_decode_num_drafts"] == 0
+    # One write for the four requests, then one for the fifth when it finishes. A request's context is
+    # every position but its last two: the step that computes its last input token finishes it, so that
+    # step's features are never observed (and its last sampled token is never an input).
+    # (The overlapped loop ends on a drain, with no observe after the fifth: its rows are never written.)
+    fifth = [len(prompts[4]) + 20 - 2] if not async_scheduling else []
+    assert calls == [sum(len(p) + 12 - 2 for p in prompts[:4])] + fifth

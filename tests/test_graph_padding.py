@@ -19,10 +19,10 @@ VOCAB = 512  # small, so the tiny model's outputs repeat and ngram finds drafts
 K = SPECS["ngram"]["num_speculative_tokens"]
 
 
-def build(graphs: bool):
+def build(graphs: bool, prefill_lens: tuple[int, ...] = (), prefill_max_tokens: int = 0):
     """An engine factory for run_scenario: a fresh tiny model on MetadataBackend; with graphs, the
     runner gets an eager (capture=False) CudaGraphRunner whose scratch block is one extra cache
-    block that the BlockManager does not know about."""
+    block that the BlockManager does not know about (with prefill_lens: prefill shapes too)."""
 
     def make(spec, async_scheduling):
         spec = {**spec, "adaptive": False} if spec else spec  # padding of mixed draft counts: fixed k
@@ -36,7 +36,8 @@ def build(graphs: bool):
                                             torch.float32, "cpu")
             r.graphs = CudaGraphRunner(model, r.kv_caches, max_batch=8, query_lens=(1, 1 + K), block_size=r.block_size,
                                        max_blocks_per_seq=-(-eng.max_model_len // r.block_size), capture=False,
-                                       faults=eng.faults)
+                                       faults=eng.faults, prefill_lens=prefill_lens,
+                                       prefill_max_tokens=prefill_max_tokens)
         return eng
 
     return make
@@ -57,6 +58,58 @@ def test_padded_verify_matches_unpadded(async_scheduling):
     r = padded[3].runner
     assert r.padded_steps >= 5 and r.graph_steps > r.padded_steps  # several padded replays (10 in this scenario)
     assert plain[3].runner.graph_steps == 0
+
+
+@pytest.mark.parametrize("method", ["none", "ngram"])
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_padded_prefill_matches_eager(method, async_scheduling):
+    """Admission steps (prompt chunks of up to 13 tokens beside decode and verify rows) replay the
+    prefill shapes (query 8 or 16, at most 64 tokens) with every chunk padded: same tokens and counters
+    as the engine without graphs, and prefill-length replays really happened (and none past the budget)."""
+    prompts, params = scenario_prompts(vocab_hi=VOCAB - 12), scenario_params(32)
+    plain = run_scenario(build(False), method, async_scheduling, prompts, params)
+    seen: list[tuple[int, int]] = []
+
+    def make(spec, async_sched):
+        eng = build(True, prefill_lens=(8, 16), prefill_max_tokens=64)(spec, async_sched)
+        g = eng.runner.graphs
+        orig = g.run
+
+        def run(input_ids, positions, meta, num_seqs, query_len, placeholders=None):
+            out = orig(input_ids, positions, meta, num_seqs, query_len, placeholders)
+            if out is not None:
+                seen.append((g.padded_batch(num_seqs), query_len))
+            return out
+
+        g.run = run
+        return eng
+
+    padded = run_scenario(make, method, async_scheduling, prompts, params)
+    assert padded[0] == plain[0]
+    assert padded[1] == plain[1]
+    prefill = [(b, q) for b, q in seen if q > 1 + K]
+    assert len(prefill) >= 3 and {q for _, q in prefill} <= {8, 16}
+    assert all(b * q <= 64 for b, q in prefill)
+    assert padded[3].runner.eager_steps < plain[3].runner.eager_steps
+
+
+def test_prefill_shapes_within_budget():
+    """The runner's shapes: every batch at the decode / verify lengths, a prefill length only where
+    batch * length fits prefill_max_tokens; padded_query_len picks the shortest shape that fits."""
+    model = tiny_model(tiny_config(vocab=VOCAB))
+    model.attn_backend = MetadataBackend()
+    c = model.config
+    kv = allocate_kv_cache(c.num_layers, 8, 4, c.num_kv_heads, c.head_dim, torch.float32, "cpu")
+    g = CudaGraphRunner(model, kv, max_batch=8, query_lens=(1, 3), block_size=4, max_blocks_per_seq=6,
+                        capture=False, prefill_lens=(2, 8, 16, 128), prefill_max_tokens=32)
+    assert g.prefill_lens == (8, 16)  # 2 is no longer than a verify length, 128 is past the budget
+    assert sorted(g.shapes()) == sorted([(b, q) for q in (1, 3) for b in (1, 2, 4, 8)]
+                                        + [(1, 8), (2, 8), (4, 8), (1, 16), (2, 16)])
+    assert g.padded_query_len(3, 2) == 3
+    assert g.padded_query_len(3, 5) == 8  # batch 4 x 8 = 32 tokens
+    assert g.padded_query_len(3, 9) is None  # batch 4 x 16 = 64 > 32
+    assert g.padded_query_len(2, 9) == 16
+    assert g.padded_query_len(1, 17) is None
 
 
 class _ReplayByRerun:

@@ -49,6 +49,10 @@ class EngineParts:
     tp: TensorParallelGroup | None = None
 
 
+PREFILL_GRAPH_LENS = (16, 32, 64, 128, 256)  # prefill query lengths the target's graphs are captured for
+PREFILL_GRAPH_TOKENS = 2048  # ... at the batch sizes whose padded step has at most this many tokens
+
+
 def verify_query_lens(k: int, adaptive: bool) -> tuple[int, ...]:
     """Query lengths the verify graphs are captured for: 1 + j for every j <= k (adaptive: the policy plans
     any j), or 1 and 1 + k (k pinned)."""
@@ -219,6 +223,10 @@ def assemble_parts(config: EngineConfig, tok, model: CausalLM, device, dtype, t0
         query_lens = (1,) if spec is None else verify_query_lens(spec.num_speculative_tokens, spec.adaptive)
         graph_options = dict(
             max_batch=min(config.max_num_seqs, 256), query_lens=query_lens,
+            # Admission steps (a prompt chunk beside decode rows) replay a graph padded to a prefill
+            # length where the step stays within PREFILL_GRAPH_TOKENS (graphs.py), instead of running
+            # eagerly: ~15-30 ms of launches for the 1.5B on the H200 against ~1-5 ms padded.
+            prefill_lens=PREFILL_GRAPH_LENS, prefill_max_tokens=PREFILL_GRAPH_TOKENS,
             max_blocks_per_seq=-(-max_model_len // config.block_size),
             # With TP every rank captures a shape at the same step (its collectives are in the graph).
             lazy=config.graph_capture == "lazy" or tp is not None,

@@ -70,11 +70,13 @@ OWED_MAX_ROWS = 4096  # deferred context rows (DFlashProposer._owed) past which 
 
 class _OwedChunk:
     """The deferred context of one undrafted step: feature rows [n, F] on the device, and per row its
-    position, slot and owning request; rows already written (their request was freed) are skipped."""
+    position and slot, indexed by owning request; a request's rows leave once taken (freed)."""
 
     def __init__(self, feats: torch.Tensor, positions: list[int], slots: list[int], owners: list[str]) -> None:
-        self.feats, self.positions, self.slots, self.owners = feats, positions, slots, owners
-        self.written: set[int] = set()  # row indices
+        self.feats, self.positions, self.slots = feats, positions, slots
+        self.rows_of: dict[str, list[int]] = {}
+        for i, o in enumerate(owners):
+            self.rows_of.setdefault(o, []).append(i)
 
     def _select(self, idx: list[int]) -> tuple[torch.Tensor, list[int], list[int]]:
         if len(idx) == len(self.positions):
@@ -83,16 +85,13 @@ class _OwedChunk:
         return self.feats[sel], [self.positions[i] for i in idx], [self.slots[i] for i in idx]
 
     def take(self, request_id: str) -> tuple[torch.Tensor | None, list[int], list[int]]:
-        """The rows of one request not written yet, marked written now."""
-        idx = [i for i, o in enumerate(self.owners) if o == request_id and i not in self.written]
-        if not idx:
-            return None, [], []
-        self.written.update(idx)
-        return self._select(idx)
+        """The rows of one request not taken yet, which leave the chunk now."""
+        idx = self.rows_of.pop(request_id, None)
+        return self._select(idx) if idx else (None, [], [])
 
     def unwritten(self) -> tuple[torch.Tensor | None, list[int], list[int]]:
-        """Every row not written yet."""
-        idx = [i for i in range(len(self.positions)) if i not in self.written]
+        """Every row not taken yet."""
+        idx = sorted(i for rows in self.rows_of.values() for i in rows)
         return self._select(idx) if idx else (None, [], [])
 
 
@@ -126,11 +125,14 @@ class DFlashProposer(Proposer):
         # the features of every request's committed positions (gathered out of that step's captured
         # buffers in one index, on the device), their positions, slots and owners. Written in one forward
         # before the next step that drafts (for every request: a prefix hit may read another request's
-        # blocks) or once OWED_MAX_ROWS pile up; a freed request's rows are written then (its blocks may
-        # go to another request, and a prefix hit may count on them) and skipped later. So a step planned
-        # at 0 costs one gather whatever the batch, not a drafter forward.
+        # blocks) or once OWED_MAX_ROWS pile up. A freed request's rows leave their chunks (its blocks
+        # may go to another request, whose rows would land in the same slots) and are written with every
+        # other request freed since, in one forward at the start of the next observe(): before any later
+        # drafter write or read, and a prefix hit may count on them. So a step planned at 0 costs one
+        # gather whatever the batch, and a step in which requests finish at most one context forward.
         self._owed: list[_OwedChunk] = []
         self._owed_rows = 0
+        self._freed: tuple[list[torch.Tensor], list[int], list[int]] = ([], [], [])
 
     def bind(self, num_blocks: int, block_size: int, max_model_len: int) -> None:
         super().bind(num_blocks, block_size, max_model_len)
@@ -141,9 +143,9 @@ class DFlashProposer(Proposer):
     def free_request(self, request_id: str) -> None:
         self.state.pop(request_id, None)
         self.generators.free(request_id)
-        # Its context K/V not written yet are written now, while its blocks hold nothing else: a prefix
-        # hit may already count on them (block_hash), and the blocks may go to another request.
-        self._flush_request(request_id)
+        # Its context K/V not written yet are written at the next observe(), with those of every request
+        # freed before it: a prefix hit may already count on them (block_hash).
+        self._take_request(request_id)
 
     def consumed(self, request_id: str) -> int | None:
         """Positions of the request whose context the drafter holds (None: unknown request)."""
@@ -174,6 +176,7 @@ class DFlashProposer(Proposer):
         """Note the captured target features of newly committed positions. Their context K/V are
         written by the next propose(): inside the drafting step for requests that draft now and
         committed at most 1 + k positions (the usual verify step), eagerly for the rest."""
+        self._write_freed()
         self._pending = {}
         self._captured = result.captured
         if not result.captured:
@@ -233,20 +236,27 @@ class DFlashProposer(Proposer):
             parts.append(self._gather(rows))
         self._write(parts, owed_pos + positions, owed_slots + slots)
 
-    def _flush_request(self, request_id: str) -> None:
-        """Write one request's deferred and pending context K/V now (its other chunks' rows stay owed)."""
-        parts, positions, slots = [], [], []
+    def _take_request(self, request_id: str) -> None:
+        """Move one request's deferred and pending context rows (features gathered now: the captured
+        buffers are the next step's) to the freed rows, which the next observe() writes."""
+        parts, positions, slots = self._freed
         for c in self._owed:
             f, p, sl = c.take(request_id)
             if p:
                 parts.append(f)
                 positions += p
                 slots += sl
+                self._owed_rows -= len(p)
         pend = self._pending.pop(request_id, None)
         if pend is not None:
             parts.append(self._gather(pend[0]))
             positions += pend[1]
             slots += pend[2]
+
+    def _write_freed(self) -> None:
+        """One context forward over every freed request's rows not written yet."""
+        parts, positions, slots = self._freed
+        self._freed = ([], [], [])
         self._write(parts, positions, slots)
 
     def _write(self, parts: list[torch.Tensor], positions: list[int], slots: list[int]) -> None:

@@ -11,7 +11,11 @@ prepare_for_replay), and must read every per-step value from the metadata tensor
 (backend.supports_graphs; the Triton backend's contract is in verispec/kernels/paged_attention.py).
 
 CudaGraphRunner captures per (padded batch size, query length) for batch sizes 1, 2, 4, ...,
-max_batch and each query length (1 for decode, 1 + k for verify). Every replay copies the step's
+max_batch and each query length (1 for decode, 1 + k for verify), and optionally longer *prefill*
+query lengths (prefill_lens) for the shapes of at most prefill_max_tokens tokens: a step that admits a
+request (its prompt chunk next to the others' decode rows) then replays a graph with every chunk
+padded to that length instead of running eagerly, which on the H200 costs ~15-30 ms of kernel launches
+(1.5B) where the padded replay costs the GPU time of its tokens. Every replay copies the step's
 metadata (input ids, positions, slot_mapping, query_start_loc, seq_lens, block_tables) into the
 static buffers the graph reads, so nothing from the capture (or a previous step) is stale.
 
@@ -169,11 +173,14 @@ class CudaGraphRunner(GraphRunner):
         lazy: bool = False,
         options: KernelOptions | None = None,
         faults: Faults = NO_FAULTS,
+        prefill_lens: tuple[int, ...] = (),
+        prefill_max_tokens: int = 0,
     ) -> None:
         """capture=False skips the graphs: run() then executes the same padded forward eagerly
         (for CPU tests, and to tell padding problems from capture problems). lazy=True captures
         a shape on its first use (one device sync then) instead of all of them here. options:
-        the staging kernel's (None: the model's, models/kernel_path.options_of)."""
+        the staging kernel's (None: the model's, models/kernel_path.options_of). prefill_lens: query
+        lengths longer than query_lens', captured only for batch sizes b with b * q <= prefill_max_tokens."""
         super().__init__(model.attn_backend, capture, lazy)
         self.options = options or options_of(model)
         self.faults = faults
@@ -181,11 +188,15 @@ class CudaGraphRunner(GraphRunner):
         self.block_size, self.max_blocks = block_size, max_blocks_per_seq
         self.query_lens = tuple(sorted(set(query_lens)))
         self.batch_sizes = graph_batch_sizes(max_batch)
+        self.prefill_max_tokens = prefill_max_tokens
+        self.prefill_lens = tuple(sorted(q for q in set(prefill_lens)
+                                         if q > self.query_lens[-1] and q <= prefill_max_tokens))
+        self._all_query_lens = self.query_lens + self.prefill_lens
         self.capture_layers, self.with_logits = capture_layers, with_logits
         num_blocks = kv_caches[0].shape[1] // block_size
         self.scratch_block = num_blocks - 1 if scratch_block is None else scratch_block
         dev = kv_caches[0].device
-        max_tokens = max_batch * max(self.query_lens)
+        max_tokens = max([max_batch * self.query_lens[-1]] + [b * q for b, q in self.shapes()])
         i32, i64 = dict(dtype=torch.int32, device=dev), dict(dtype=torch.long, device=dev)
         self.input_ids = torch.zeros(max_tokens, **i64)
         self.positions = torch.zeros(max_tokens, **i64)
@@ -195,9 +206,9 @@ class CudaGraphRunner(GraphRunner):
         self.block_tables = torch.full((max_batch, max_blocks_per_seq), self.scratch_block, **i32)
         # Per query length: what padding rows hold (token t of a padding row is query t % q).
         ar = torch.arange(max_tokens, **i64)
-        self._pad_pos = {q: ar % q for q in self.query_lens}
-        self._pad_slot = {q: self.scratch_block * block_size + (ar % q) % block_size for q in self.query_lens}
-        self._qsl = {q: torch.arange(max_batch + 1, **i32) * q for q in self.query_lens}
+        self._pad_pos = {q: ar % q for q in self._all_query_lens}
+        self._pad_slot = {q: self.scratch_block * block_size + (ar % q) % block_size for q in self._all_query_lens}
+        self._qsl = {q: torch.arange(max_batch + 1, **i32) * q for q in self._all_query_lens}
         self.logits = (
             torch.zeros(max_tokens, model.config.vocab_size, dtype=torch.float32, device=dev) if with_logits else None
         )
@@ -208,6 +219,15 @@ class CudaGraphRunner(GraphRunner):
             self._stage_kernel = stage_graph_inputs
         if capture and not lazy:
             self._capture_all(progress)
+
+    def allowed(self, b: int, q: int) -> bool:
+        """Whether shape (b, q) has a graph: every batch size at the decode / verify query lengths, at a
+        prefill length only within prefill_max_tokens."""
+        return q in self.query_lens or (q in self.prefill_lens and b * q <= self.prefill_max_tokens)
+
+    def shapes(self) -> list[tuple[int, int]]:
+        """Every (batch, query length) this runner captures."""
+        return [(b, q) for q in self._all_query_lens for b in self.batch_sizes if self.allowed(b, q)]
 
     # ---- capture ---------------------------------------------------------------------------
     def _meta(self, b: int, q: int) -> AttentionMetadata:
@@ -260,10 +280,13 @@ class CudaGraphRunner(GraphRunner):
         return hidden, captured
 
     def _capture_all(self, progress: bool) -> None:
-        shapes = sorted(((b, q) for q in self.query_lens for b in self.batch_sizes), key=lambda s: -s[0] * s[1])
+        shapes = sorted(self.shapes(), key=lambda s: -s[0] * s[1])
         secs = self.capture_all(shapes, progress)
         if progress:
-            print(f"captured {len(shapes)} CUDA graphs (batch {self.batch_sizes} x query {self.query_lens}) in {secs:.1f}s")
+            extra = (f", prefill query {self.prefill_lens} up to {self.prefill_max_tokens} tokens"
+                     if self.prefill_lens else "")
+            print(f"captured {len(shapes)} CUDA graphs (batch {self.batch_sizes} x query {self.query_lens}{extra}) "
+                  f"in {secs:.1f}s")
 
     def _pad(self, key: tuple[int, int]) -> AttentionMetadata:
         """Shape (b, q) as padding rows only (their K/V go to the scratch block). With the staging
@@ -296,9 +319,10 @@ class CudaGraphRunner(GraphRunner):
     def padded_query_len(self, num_seqs: int, longest: int) -> int | None:
         """The shortest captured query length >= longest, if a graph for num_seqs rows exists:
         what the runner pads each chunk of a mixed-length step to (None: the step runs eagerly)."""
-        if self.padded_batch(num_seqs) is None:
+        b = self.padded_batch(num_seqs)
+        if b is None:
             return None
-        return next((q for q in self.query_lens if q >= longest), None)
+        return next((q for q in self._all_query_lens if q >= longest and self.allowed(b, q)), None)
 
     @torch.inference_mode()
     def run(
@@ -313,7 +337,7 @@ class CudaGraphRunner(GraphRunner):
         b = self.padded_batch(num_seqs)
         t = num_seqs * query_len
         if (
-            b is None or query_len not in self.query_lens or input_ids is None
+            b is None or not self.allowed(b, query_len) or input_ids is None
             or input_ids.shape[0] != t or meta.max_query_len != query_len  # uniform query lengths
             or meta.block_tables.shape[1] > self.max_blocks or meta.block_size != self.block_size
         ):
