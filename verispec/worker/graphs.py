@@ -189,8 +189,9 @@ class CudaGraphRunner(GraphRunner):
         self.query_lens = tuple(sorted(set(query_lens)))
         self.batch_sizes = graph_batch_sizes(max_batch)
         self.prefill_max_tokens = prefill_max_tokens
-        self.prefill_lens = tuple(sorted(q for q in set(prefill_lens)
-                                         if q > self.query_lens[-1] and q <= prefill_max_tokens))
+        # (a padding row of q queries attends to q positions: its block table must reach them)
+        self.prefill_lens = tuple(sorted(q for q in set(prefill_lens) if self.query_lens[-1] < q <= min(
+            prefill_max_tokens, max_blocks_per_seq * block_size)))
         self._all_query_lens = self.query_lens + self.prefill_lens
         self.capture_layers, self.with_logits = capture_layers, with_logits
         num_blocks = kv_caches[0].shape[1] // block_size
