@@ -53,6 +53,17 @@ def _methods(text: str) -> list[str]:
     return names
 
 
+def _loops(text: str) -> list[str]:
+    from verispec.bench.invariance import check_loops
+
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    try:
+        check_loops(names)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return names
+
+
 def _structured_methods(text: str) -> list[str]:
     names = _methods(text)
     if "dflash" in names:
@@ -162,6 +173,9 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--dflash-model", default=None, help="DFlash drafter directory, or 'random' (untrained)")
     p.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=False,
                    help="adaptive speculation (default off: k drafts every step)")
+    p.add_argument("--loops", type=_loops, default=None,
+                   help="comma list of sync,async: every cell in each loop, later loops' rows compared with the "
+                        "first's (tokens and acceptance counters; default: the engine's one loop)")
     p = kind("structured", "the cost of structured outputs: tok/s with and without a JSON schema, per batch "
                            "size and speculative method (equal token counts per request in both modes)")
     _common(p)
@@ -252,7 +266,7 @@ def run(args) -> dict:
 
         out = run_invariance(bm, args.methods, args.batch_sizes,
                              args.output_len, args.num_speculative_tokens, args.prompts, args.num_prompts, args.chat,
-                             args.draft_model, args.dflash_model, args.adaptive, args.model_overrides)
+                             args.draft_model, args.dflash_model, args.adaptive, args.model_overrides, args.loops)
     elif args.bench_kind == "structured":
         from verispec.bench.structured import COLUMNS, DEFAULT_INSTRUCTION, PEER_COLUMNS, run_structured
 
