@@ -322,6 +322,28 @@ def test_invariance_sync_and_async_loops(tmp_path):
         assert asyn["counters"] == sync["counters"]
     ngram = rows[-1]["counters"]
     assert ngram["num_drafts"] > 0 and sum(ngram["accepted_per_pos"]) == ngram["num_accepted_tokens"]
+    assert all(r["output_hashes"] == rows[0]["output_hashes"] for r in rows)
+    assert len(set(rows[0]["output_hashes"])) == 2  # the two requests' tokens differ, and so do their hashes
+
+
+def test_invariance_without_none_runs_the_reference_in_the_first_loop_only(tmp_path):
+    """--methods self --loops sync,async: the plain batch-1 reference once (sync), then self in both loops."""
+    out, prompts = tmp_path / "r.json", tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt_token_ids": [7, 8, 9, 10, 7, 8, 9]}\n')
+    assert cli(["bench", "invariance", *BASE, "--model-overrides", TINY, "--json", str(out), "--prompts", str(prompts),
+                "--methods", "self", "--batch-sizes", "1", "--num-prompts", "1", "--output-len", "5", "-k", "2",
+                "--loops", "sync,async"]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["method"], r["loop"]) for r in rows] == [("none", "sync"), ("self", "sync"), ("self", "async")]
+    assert rows[2]["counters_match"] and rows[2]["counters"]["num_accepted_tokens"] == rows[2]["counters"]["num_draft_tokens"] > 0
+
+
+def test_invariance_output_hash():
+    import hashlib
+
+    from verispec.bench.invariance import output_hash
+
+    assert output_hash([1, 23]) == hashlib.sha256(b"1,23").hexdigest()[:8] != output_hash([12, 3])
 
 
 def test_invariance_compare_loops_reports_counter_differences():

@@ -12,18 +12,22 @@ loops (e.g. ["sync", "async"]): every cell runs in each loop, one row per (cell,
 plain decoding at batch 1 in the first loop, and every later loop's row is also compared with the first
 loop's row of the same cell: its tokens, and its acceptance counters (num_drafts, num_draft_tokens,
 num_accepted_tokens, accepted per position), which must be identical too. None: one loop, the bench's.
+The reference cell runs in the first loop only when "none" is not among the methods (a call that
+measures speculative methods alone).
 
 Row keys: method, batch_size, loop ("sync" / "async"), k, num_prompts, output_tokens, wall_s, tok_s,
 mismatches (requests whose tokens differ from plain decoding at batch 1), first_mismatch (the earliest
 differing token index over them, or None), mismatched ([request index, its first differing index] pairs),
 acceptance_rate (spec methods: accepted / drafted), num_drafts, counters (the four acceptance counters of
-the run); rows of a later loop also loop_mismatches (requests whose tokens differ from the first loop's
+the run), output_hashes (per request, the first 8 hex digits of the sha256 of its token ids: rows of
+separate calls, e.g. processes run side by side, compare through them); rows of a later loop also loop_mismatches (requests whose tokens differ from the first loop's
 same cell), loop_mismatched and counters_match (True when the counters equal the first loop's) with
 counters_diff (the counters that differ: {name: [first loop's, this loop's]}).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tempfile
 from pathlib import Path
@@ -51,6 +55,11 @@ def compare(outputs: list[list[int]], reference: list[list[int]]) -> dict:
                   if (f := first_mismatch(o, r)) is not None]
     return {"mismatches": len(mismatched), "first_mismatch": min((f for _, f in mismatched), default=None),
             "mismatched": mismatched}
+
+
+def output_hash(token_ids: list[int]) -> str:
+    """The first 8 hex digits of the sha256 of a request's token ids (as comma-separated decimals)."""
+    return hashlib.sha256(",".join(map(str, token_ids)).encode()).hexdigest()[:8]
 
 
 def compare_loops(row: dict, first: dict) -> dict:
@@ -99,7 +108,10 @@ def run_invariance(bm: BenchModel, methods: list[str], batch_sizes: list[int], o
         if method == "dflash":
             mk = DFlashConfig.from_dict(json.loads((Path(dflash_model) / "config.json").read_text())).block_size - 1
         first: dict | None = None  # this cell's row in the first loop
-        for loop in loops or [None]:
+        cell_loops = loops or [None]
+        if (method, b) == ("none", 1) and "none" not in methods:
+            cell_loops = cell_loops[:1]  # only the reference
+        for loop in cell_loops:
             engine = make_engine(bm, spec_config(method, mk, draft_model, dflash_model, adaptive), b, ids,
                                  [output_len] * len(ids), draft, None if loop is None else LOOPS[loop])
             loop_name = "async" if engine.config.async_scheduling else "sync"
@@ -134,7 +146,7 @@ def cell_row(method: str, batch_size: int, loop: str, k: int, run, reference: li
            "num_prompts": len(reference), "output_tokens": n_out, "wall_s": run.wall_s,
            "tok_s": n_out / run.wall_s, "num_drafts": run.spec["num_drafts"],
            "counters": {c: run.spec[c] for c in COUNTERS}, **compare(run.outputs, reference),
-           "_outputs": run.outputs}
+           "output_hashes": [output_hash(o) for o in run.outputs], "_outputs": run.outputs}
     if method != "none":
         row["acceptance_rate"] = run.spec["num_accepted_tokens"] / max(run.spec["num_draft_tokens"], 1)
     return row
