@@ -194,13 +194,13 @@ def summarize_faults(directory: Path) -> int:
         print(f"faults: no tests/test_faults.py cells under {directory}")
         return 1
     cuda = sorted({cell_target(c) for c in cells} - {"cpu"}) or ["cuda"]
-    print(f"{'fault':<52} {'gate':<48} {'cpu':<14} " + " ".join(f"{t:<14}" for t in cuda))
+    print(f"{'fault':<54} {'gate':<48} {'cpu':<14} " + " ".join(f"{t:<14}" for t in cuda))
     bad = False
     for fault, gate, test in FAULT_GATES:
         mine = {c: o for c, o in cells.items() if c.split("::")[1].partition("[")[0] == test}
         cols = {t: [o for c, o in mine.items() if cell_target(c) == t] for t in ["cpu", *cuda]}
         bad |= any(o not in ("PASSED", "SKIPPED", "XFAIL") for o in mine.values())
-        print(f"{fault or '(no fault: control)':<52} {gate:<48} {outcome_text(cols['cpu']):<14} "
+        print(f"{fault or '(no fault: control)':<54} {gate:<48} {outcome_text(cols['cpu']):<14} "
               + " ".join(f"{outcome_text(cols[t]):<14}" for t in cuda))
     print("(passed = the gate caught the planted fault, or for a control: nothing fired; '-' = no such cell "
           "on that target: the fault's code path exists on one only, or the cells were not run)")
