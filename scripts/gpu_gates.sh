@@ -123,7 +123,7 @@ for ids in "$OUT"/tests/*.ids; do
 done
 if [[ $DEVICE == cpu ]]; then  # one real run through the live log and the summary (CPU cells, ~20 s)
   echo "tests/test_faults.py::test_early_prefix_publish_caught_whatever_the_block_count[16]" > "$OUT/tests/cpu_live.ids"
-  pool; job cpu_live "$OUT/tests" "$A_END" "${PYTEST_GPU[@]}" "$(cat "$OUT/tests/cpu_live.ids")" &
+  pool; job cpu_live "$OUT/tests" "$A_END" "${PYTEST[@]}" "$(cat "$OUT/tests/cpu_live.ids")" &  # a CPU cell: no -m gpu
 fi
 wait
 echo "=== A done at $(elapsed)s: the gates (one line per process; lost = aborted or never started)"
