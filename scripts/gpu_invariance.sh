@@ -4,8 +4,9 @@
 #   (a)+(b) INV: `bench invariance` on qwen2.5-coder-1.5b-instruct in bf16 + --batch-invariant, 32 held-out
 #      requests (prompts/heldout_requests.jsonl, chat-rendered) x 256 tokens, k pinned (-k 3, --no-adaptive:
 #      drafts every step; dflash: its block size - 1), every cell in both loops (--loops sync,async: tokens
-#      AND acceptance counters compared), in 3 processes side by side: plain decoding at batch 1, 16, 64;
-#      ngram + self at 1, 16; draft_model (0.5B draft) + dflash (DFLASH, else an untrained drafter) at 1, 16.
+#      AND acceptance counters compared), in 3 processes side by side: plain decoding at batch 1, 16, 64
+#      (every prompt twice, --copies 2: 64 requests, so that batch 64 is full); ngram + self at 1, 16;
+#      draft_model (0.5B draft) + dflash (DFLASH, else an untrained drafter) at 1, 16.
 #      Each process has its own plain batch-1 reference; the summary also checks every row's tokens
 #      against the first process's reference through the per-request hashes.
 #   (c) GATES: beside them, the gate suite in bf16 with batch_invariant=True (scripts/gpu_gates.sh phase A,
@@ -18,8 +19,8 @@
 #   --device cpu) and 2 real CPU fault cells for the table.
 # env: SKIP_INV=1 / SKIP_GATES=1 (drop a part: INV is (a)+(b), the first must-show), SKIP_DFLASH=1,
 #      DFLASH (a trained drafter dir; default: random), MODEL (qwen2.5-coder-1.5b-instruct), DRAFT
-#      (qwen2.5-coder-0.5b-instruct), BUDGET_S (360), INV_LEN (256), INV_PROMPTS (32), K (3), PAR (gate
-#      processes at a time, 8), SHARD (gate cells per process, 5).
+#      (qwen2.5-coder-0.5b-instruct), BUDGET_S (360), INV_LEN (256), INV_PROMPTS (32), PLAIN_COPIES (2),
+#      K (3), PAR (gate processes at a time, 8), SHARD (gate cells per process, 5).
 # Output: compact tables here; logs and JSON under $OUT (default /tmp/invariance_out, or the run tool's).
 set -uo pipefail
 DEVICE=cuda
@@ -85,7 +86,8 @@ fi
 if [[ ${SKIP_INV:-0} != 1 ]]; then
   INV=(bench invariance --model "$MODEL" "${MODE[@]}" --prompts $PROMPTS --chat "${SIZE[@]}" -k "${K:-3}"
        --no-adaptive --loops sync,async)
-  job inv_plain "$END" "${CLI[@]}" "${INV[@]}" --methods none --batch-sizes 1,16,64 --json "$OUT/inv_plain.json" &
+  job inv_plain "$END" "${CLI[@]}" "${INV[@]}" --methods none --batch-sizes 1,16,64 --copies "${PLAIN_COPIES:-2}" \
+    --json "$OUT/inv_plain.json" &
   job inv_ngram_self "$END" "${CLI[@]}" "${INV[@]}" --methods ngram,self --batch-sizes 1,16 \
     --json "$OUT/inv_ngram_self.json" &
   models=(draft_model --draft-model "$DRAFT")

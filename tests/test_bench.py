@@ -310,8 +310,9 @@ def test_invariance_sync_and_async_loops(tmp_path):
     prompts.write_text('{"prompt_token_ids": [7, 8, 9, 10, 7, 8, 9]}\n{"prompt_token_ids": [1, 2, 3, 1, 2, 3, 1, 2]}\n')
     assert cli(["bench", "invariance", *BASE, "--model-overrides", TINY, "--json", str(out), "--prompts", str(prompts),
                 "--methods", "none,ngram", "--batch-sizes", "1,2", "--num-prompts", "2", "--output-len", "6",
-                "-k", "2", "--loops", "sync,async"]) == 0
+                "-k", "2", "--loops", "sync,async", "--copies", "2"]) == 0
     rows = json.loads(out.read_text())["rows"]
+    assert all(r["num_prompts"] == 4 and r["output_tokens"] == 24 for r in rows)  # 2 prompts x 2 copies
     assert [(r["method"], r["batch_size"], r["loop"]) for r in rows] == [
         (m, b, loop) for m, b in [("none", 1), ("none", 2), ("ngram", 1), ("ngram", 2)] for loop in ("sync", "async")]
     assert all(r["mismatches"] == 0 and "_outputs" not in r for r in rows)
@@ -323,7 +324,8 @@ def test_invariance_sync_and_async_loops(tmp_path):
     ngram = rows[-1]["counters"]
     assert ngram["num_drafts"] > 0 and sum(ngram["accepted_per_pos"]) == ngram["num_accepted_tokens"]
     assert all(r["output_hashes"] == rows[0]["output_hashes"] for r in rows)
-    assert len(set(rows[0]["output_hashes"])) == 2  # the two requests' tokens differ, and so do their hashes
+    hashes = rows[0]["output_hashes"]
+    assert hashes[:2] == hashes[2:] and hashes[0] != hashes[1]  # copies alike; the two prompts' tokens differ
 
 
 def test_invariance_without_none_runs_the_reference_in_the_first_loop_only(tmp_path):

@@ -84,16 +84,18 @@ def check_loops(loops: list[str] | None) -> None:
 def run_invariance(bm: BenchModel, methods: list[str], batch_sizes: list[int], output_len: int = 128,
                    k: int = 4, prompts_file: str | None = None, num_prompts: int = 32, chat: bool = False,
                    draft_model: str | None = None, dflash_model: str | None = None, adaptive: bool = False,
-                   draft_overrides: dict | None = None, loops: list[str] | None = None) -> dict:
+                   draft_overrides: dict | None = None, loops: list[str] | None = None, copies: int = 1) -> dict:
     """Plain decoding at batch 1, then every (method, batch size), in each of `loops` (None: the bench's
     loop): {"rows", "peers": [], "prompts"}. adaptive=False pins k (drafts every step: the most verify
-    shapes)."""
-    if num_prompts < 1 or output_len < 1:
-        raise ValueError("num_prompts and output_len must be >= 1")
+    shapes). copies: every prompt submitted that many times (request i + j * num_prompts is a copy of
+    request i), so that a batch can be larger than the prompts file; the copies are requests like any other."""
+    if num_prompts < 1 or output_len < 1 or copies < 1:
+        raise ValueError("num_prompts, output_len and copies must be >= 1")
     check_loops(loops)
     for m in methods:
         spec_config(m, k, draft_model, dflash_model or "given", adaptive)  # unknown / incomplete methods fail here
     ids, source = bench_prompt_ids(bm, prompts_file, num_prompts, output_len, chat)
+    ids = ids * copies
     draft = load_draft(bm, draft_model, draft_overrides) if "draft_model" in methods else None
     tmp = None
     if "dflash" in methods and dflash_model == "random":

@@ -176,6 +176,8 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--loops", type=_loops, default=None,
                    help="comma list of sync,async: every cell in each loop, later loops' rows compared with the "
                         "first's (tokens and acceptance counters; default: the engine's one loop)")
+    p.add_argument("--copies", type=_positive, default=1,
+                   help="submit every prompt this many times (a batch larger than the prompts file)")
     p = kind("structured", "the cost of structured outputs: tok/s with and without a JSON schema, per batch "
                            "size and speculative method (equal token counts per request in both modes)")
     _common(p)
@@ -266,7 +268,8 @@ def run(args) -> dict:
 
         out = run_invariance(bm, args.methods, args.batch_sizes,
                              args.output_len, args.num_speculative_tokens, args.prompts, args.num_prompts, args.chat,
-                             args.draft_model, args.dflash_model, args.adaptive, args.model_overrides, args.loops)
+                             args.draft_model, args.dflash_model, args.adaptive, args.model_overrides, args.loops,
+                             args.copies)
     elif args.bench_kind == "structured":
         from verispec.bench.structured import COLUMNS, DEFAULT_INSTRUCTION, PEER_COLUMNS, run_structured
 
