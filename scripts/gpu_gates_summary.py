@@ -211,6 +211,9 @@ def summarize_invariance(paths: list[Path]) -> int:
     """Print every bench invariance row of the files and the verdicts; 0 when all hold."""
     rows = []
     for path in paths:
+        if not path.exists() and Path(f"{path}.partial").exists():  # a run cut short: the rows it finished
+            print(f"invariance: {path.name}: cut short, the rows of {path.name}.partial")
+            path = Path(f"{path}.partial")
         try:
             rows += [dict(r, file=path.name) for r in json.loads(path.read_text())["rows"]]
         except (OSError, ValueError, KeyError, TypeError) as e:

@@ -340,6 +340,34 @@ def test_invariance_without_none_runs_the_reference_in_the_first_loop_only(tmp_p
     assert rows[2]["counters_match"] and rows[2]["counters"]["num_accepted_tokens"] == rows[2]["counters"]["num_draft_tokens"] > 0
 
 
+def test_invariance_later_loops_at_some_batch_sizes_and_partial_rows(tmp_path):
+    """--loop-batch-sizes 2: the batch-1 cells run in the first loop only, batch 2 in both; the rows so far
+    are saved to JSON.partial after each row (the last save: every row)."""
+    out, prompts = tmp_path / "r.json", tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt_token_ids": [7, 8, 9, 10, 7, 8, 9]}\n{"prompt_token_ids": [1, 2, 3, 1, 2]}\n')
+    assert cli(["bench", "invariance", *BASE, "--model-overrides", TINY, "--json", str(out), "--prompts", str(prompts),
+                "--methods", "none,ngram", "--batch-sizes", "1,2", "--num-prompts", "2", "--output-len", "5",
+                "-k", "2", "--loops", "sync,async", "--loop-batch-sizes", "2"]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["method"], r["batch_size"], r["loop"]) for r in rows] == [
+        ("none", 1, "sync"), ("none", 2, "sync"), ("none", 2, "async"), ("ngram", 1, "sync"), ("ngram", 2, "sync"),
+        ("ngram", 2, "async")]
+    partial = json.loads((tmp_path / "r.json.partial").read_text())
+    assert partial["partial"] and partial["rows"] == rows
+
+
+def test_invariance_loop_batch_sizes_need_loops(capsys, monkeypatch):
+    """A usage error before the model loads."""
+    import verispec.bench.models as models
+
+    def no_load(*a, **kw):
+        raise AssertionError("the model loaded before the check")
+
+    monkeypatch.setattr(models, "load_bench_model", no_load)
+    assert cli(["bench", "invariance", *BASE, "--model-overrides", TINY, "--loop-batch-sizes", "2"]) != 0
+    assert "needs loops" in capsys.readouterr().err
+
+
 def test_invariance_output_hash():
     import hashlib
 

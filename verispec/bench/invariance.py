@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from verispec.bench.drive import drive, free_memory, greedy, make_engine
@@ -72,8 +73,10 @@ def compare_loops(row: dict, first: dict) -> dict:
             "counters_match": not diff, "counters_diff": diff}
 
 
-def check_loops(loops: list[str] | None) -> None:
-    """ValueError for an empty, unknown or repeated loop name."""
+def check_loops(loops: list[str] | None, loop_batch_sizes: list[int] | None = None) -> None:
+    """ValueError for an empty, unknown or repeated loop name, or loop_batch_sizes without loops."""
+    if loop_batch_sizes is not None and not loops:
+        raise ValueError("loop_batch_sizes (--loop-batch-sizes) needs loops (--loops)")
     if loops is None:
         return
     bad = [name for name in loops if name not in LOOPS]
@@ -84,14 +87,18 @@ def check_loops(loops: list[str] | None) -> None:
 def run_invariance(bm: BenchModel, methods: list[str], batch_sizes: list[int], output_len: int = 128,
                    k: int = 4, prompts_file: str | None = None, num_prompts: int = 32, chat: bool = False,
                    draft_model: str | None = None, dflash_model: str | None = None, adaptive: bool = False,
-                   draft_overrides: dict | None = None, loops: list[str] | None = None, copies: int = 1) -> dict:
+                   draft_overrides: dict | None = None, loops: list[str] | None = None, copies: int = 1,
+                   loop_batch_sizes: list[int] | None = None,
+                   on_row: Callable[[list[dict]], None] | None = None) -> dict:
     """Plain decoding at batch 1, then every (method, batch size), in each of `loops` (None: the bench's
     loop): {"rows", "peers": [], "prompts"}. adaptive=False pins k (drafts every step: the most verify
     shapes). copies: every prompt submitted that many times (request i + j * num_prompts is a copy of
-    request i), so that a batch can be larger than the prompts file; the copies are requests like any other."""
+    request i), so that a batch can be larger than the prompts file; the copies are requests like any other.
+    loop_batch_sizes: the batch sizes whose cells run in every loop (None: all); the others run in the
+    first loop only. on_row(rows so far) after every row (e.g. to save partial results)."""
     if num_prompts < 1 or output_len < 1 or copies < 1:
         raise ValueError("num_prompts, output_len and copies must be >= 1")
-    check_loops(loops)
+    check_loops(loops, loop_batch_sizes)
     for m in methods:
         spec_config(m, k, draft_model, dflash_model or "given", adaptive)  # unknown / incomplete methods fail here
     ids, source = bench_prompt_ids(bm, prompts_file, num_prompts, output_len, chat)
@@ -111,8 +118,9 @@ def run_invariance(bm: BenchModel, methods: list[str], batch_sizes: list[int], o
             mk = DFlashConfig.from_dict(json.loads((Path(dflash_model) / "config.json").read_text())).block_size - 1
         first: dict | None = None  # this cell's row in the first loop
         cell_loops = loops or [None]
-        if (method, b) == ("none", 1) and "none" not in methods:
-            cell_loops = cell_loops[:1]  # only the reference
+        only_reference = (method, b) == ("none", 1) and "none" not in methods
+        if only_reference or (loop_batch_sizes is not None and b not in loop_batch_sizes):
+            cell_loops = cell_loops[:1]
         for loop in cell_loops:
             engine = make_engine(bm, spec_config(method, mk, draft_model, dflash_model, adaptive), b, ids,
                                  [output_len] * len(ids), draft, None if loop is None else LOOPS[loop])
@@ -134,6 +142,8 @@ def run_invariance(bm: BenchModel, methods: list[str], batch_sizes: list[int], o
             print(f"  {method:12} batch {b:3} {loop_name:5}: {row['mismatches']:3}/{len(ids)} differ from plain "
                   f"batch 1 (first at {row['first_mismatch']}), accept {row.get('acceptance_rate', float('nan')):.4f}"
                   f"{vs}", flush=True)
+            if on_row is not None:
+                on_row([{key: v for key, v in r.items() if key != "_outputs"} for r in rows])
         first.pop("_outputs")
     if tmp is not None:
         tmp.cleanup()
