@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Issue 18's missing H200 must-shows in one call of at most 6 minutes (BUDGET_S=360; expected ~5 min:
-# pulls + dequantized caches ~60 s, then everything below side by side ~3.5-4 min, summaries ~5 s), by value:
+# Issue 18's missing H200 must-shows in one call of at most 6 minutes (BUDGET_S=360; estimated ~5.5 min:
+# pulls + bf16 dequantized caches ~45 s, then all of the below side by side ~4-4.5 min (the GPU time of
+# the three benches alone ~200 s, the gate cells ~100 s; they share the GPU), summaries ~5 s). By value:
 #   (a)+(b) INV: `bench invariance` on qwen2.5-coder-1.5b-instruct in bf16 + --batch-invariant, 32 held-out
 #      requests (prompts/heldout_requests.jsonl, chat-rendered) x 256 tokens, k pinned (-k 3, --no-adaptive:
-#      drafts every step; dflash: its block size - 1), every cell in both loops (--loops sync,async: tokens
-#      AND acceptance counters compared), in 3 processes side by side: plain decoding at batch 1, 16, 64
-#      (every prompt twice, --copies 2: 64 requests, so that batch 64 is full); ngram + self at 1, 16;
-#      draft_model (0.5B draft) + dflash (DFLASH, else an untrained drafter) at 1, 16.
-#      Each process has its own plain batch-1 reference; the summary also checks every row's tokens
-#      against the first process's reference through the per-request hashes.
+#      drafts every step; dflash: its block size - 1), in 3 processes side by side: plain decoding at
+#      batch 1, 16, 64 (every prompt twice, --copies 2: 64 requests, so that batch 64 is full); ngram + self
+#      at 1, 16; draft_model (0.5B draft) + dflash (DFLASH, else an untrained drafter) at 1, 16. Loops
+#      (--loops sync,async): the cells at LOOP_BATCHES (16,64) run in both loops, tokens AND acceptance
+#      counters compared; batch 1 in the sync loop only (LOOP_BATCHES=1,16,64 adds the async batch-1 cells:
+#      ~+100 s of GPU time). Each process has its own plain batch-1 reference; the summary also checks every
+#      row's tokens against the first process's reference through the per-request hashes. A process cut
+#      by the budget keeps the rows it finished (JSON.partial).
 #   (c) GATES: beside them, the gate suite in bf16 with batch_invariant=True (scripts/gpu_gates.sh phase A,
 #      GATE_DTYPE=bfloat16: the -m gpu cells of test_faults.py, test_real_model_spec.py, test_spec_decode.py
 #      on the real 0.5B), test_faults.py's CPU cells, and the fault table (CPU vs CUDA) from their live logs.
@@ -20,14 +23,14 @@
 # env: SKIP_INV=1 / SKIP_GATES=1 (drop a part: INV is (a)+(b), the first must-show), SKIP_DFLASH=1,
 #      DFLASH (a trained drafter dir; default: random), MODEL (qwen2.5-coder-1.5b-instruct), DRAFT
 #      (qwen2.5-coder-0.5b-instruct), BUDGET_S (360), INV_LEN (256), INV_PROMPTS (32), PLAIN_COPIES (2),
-#      K (3), PAR (gate processes at a time, 8), SHARD (gate cells per process, 5).
+#      LOOP_BATCHES (16,64), K (3), PAR (gate processes at a time, 8), SHARD (gate cells per process, 5).
 # Output: compact tables here; logs and JSON under $OUT (default /tmp/invariance_out, or the run tool's).
 set -uo pipefail
 DEVICE=cuda
 [[ "${1:-}" == "--device" ]] && DEVICE=${2:?--device needs cpu or cuda}
 OUT=${OUT:-/tmp/invariance_out}
 mkdir -p "$OUT"
-rm -f "$OUT"/*.json "$OUT"/*.log "$OUT"/*.rc
+rm -f "$OUT"/*.json "$OUT"/*.partial "$OUT"/*.log "$OUT"/*.rc
 export VERISPEC_STAGE_CACHE=${VERISPEC_STAGE_CACHE:-/tmp/models} PYTHONUNBUFFERED=1
 CLI=(python3 -m verispec.entrypoints.cli)
 PROMPTS=prompts/heldout_requests.jsonl
@@ -85,7 +88,7 @@ fi
 # (a)+(b) bench invariance, 3 processes side by side.
 if [[ ${SKIP_INV:-0} != 1 ]]; then
   INV=(bench invariance --model "$MODEL" "${MODE[@]}" --prompts $PROMPTS --chat "${SIZE[@]}" -k "${K:-3}"
-       --no-adaptive --loops sync,async)
+       --no-adaptive --loops sync,async --loop-batch-sizes "${LOOP_BATCHES:-16,64}")
   job inv_plain "$END" "${CLI[@]}" "${INV[@]}" --methods none --batch-sizes 1,16,64 --copies "${PLAIN_COPIES:-2}" \
     --json "$OUT/inv_plain.json" &
   job inv_ngram_self "$END" "${CLI[@]}" "${INV[@]}" --methods ngram,self --batch-sizes 1,16 \
