@@ -60,13 +60,20 @@ def _row(method: str, batch: int, loop: str, mismatches: int = 0, hashes=("a", "
             "first_mismatch": None if not mismatches else 3, "tok_s": 10.0, "output_hashes": list(hashes), **kw}
 
 
+def test_same_requests_with_copies():
+    assert summary.same_requests(list("ab"), list("abab")) and summary.same_requests(list("abab"), list("ab"))
+    assert not summary.same_requests(list("ab"), list("abba"))
+    assert not summary.same_requests(list("ab"), list("aba")) and not summary.same_requests([], [])
+
+
 def test_invariance_verdicts(tmp_path, capsys):
     same = {"loop_mismatches": 0, "counters_match": True, "counters_diff": {}}
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text(json.dumps({"rows": [_row("none", 1, "sync"), _row("none", 1, "async", **same),
                                       _row("none", 16, "sync"), _row("none", 16, "async", **same)]}))
-    b.write_text(json.dumps({"rows": [_row("none", 1, "sync"), _row("ngram", 1, "sync", acceptance_rate=0.5),
-                                      _row("ngram", 1, "async", acceptance_rate=0.5, **same)]}))
+    b.write_text(json.dumps({"rows": [_row("none", 1, "sync", hashes="abab"),  # --copies 2
+                                      _row("ngram", 1, "sync", hashes="abab", acceptance_rate=0.5),
+                                      _row("ngram", 1, "async", hashes="abab", acceptance_rate=0.5, **same)]}))
     assert summary.summarize_invariance([a, b]) == 0
     out = capsys.readouterr().out
     assert out.count("YES") == 4 and "NO " not in out
