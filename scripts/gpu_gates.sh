@@ -18,7 +18,10 @@
 #   weights; --batch-invariant is refused on the CPU, as it must be).
 # Output: compact tables here; logs, live logs and JSON under $OUT (default /tmp/gates_out, or the run tool's).
 # env: GATES_PHASE (AB: both; A or B: one, e.g. A beside a training run and B alone later), BUDGET_S, A_END (seconds after start when phase A is cut, default BUDGET_S - 75), PAR (10), SHARD (5),
-#      INV_LEN (256), COST_MODEL (qwen2.5-coder-1.5b-instruct), TEST_FILES (the four above).
+#      INV_LEN (256), COST_MODEL (qwen2.5-coder-1.5b-instruct), TEST_FILES (the four above),
+#      GATE_DTYPE (float32; bfloat16: the gate cells in bf16 with batch_invariant=True, pytest --gate-dtype),
+#      INV_BENCH (1; 0 skips the two bench invariance jobs of phase A), FAULTS_CPU (0; 1 also runs
+#      tests/test_faults.py's CPU cells as one process, for the fault table: gpu_gates_summary.py faults).
 set -uo pipefail
 DEVICE=cuda
 [[ "${1:-}" == "--device" ]] && DEVICE=${2:?--device needs cpu or cuda}
@@ -32,7 +35,9 @@ PROMPTS=prompts/heldout_requests.jsonl
 TEST_FILES=${TEST_FILES:-tests/test_faults.py tests/test_real_model_spec.py tests/test_spec_decode.py tests/test_batch_invariance.py}
 SHARD=${SHARD:-5}
 CLI=(python3 -m verispec.entrypoints.cli)
-PYTEST=(python3 -m pytest -v -rfE --tb=short -p no:cacheprovider -p pytest_live_log -m gpu)  # -m gpu: also the cells marked slow (addopts deselects those)
+GATE_DTYPE=${GATE_DTYPE:-float32}
+PYTEST=(python3 -m pytest -v -rfE --tb=short -p no:cacheprovider -p pytest_live_log --gate-dtype "$GATE_DTYPE")
+PYTEST_GPU=("${PYTEST[@]}" -m gpu)  # -m gpu: also the cells marked slow (addopts deselects those)
 T0=$(date +%s)
 if [[ $DEVICE == cpu ]]; then
   BUDGET_S=${BUDGET_S:-1800}
@@ -78,7 +83,7 @@ if [[ $DEVICE == cuda ]]; then
   job warm "$OUT" 90 python3 -c "
 import torch
 from verispec.loader.model_loader import load_model
-for dt in (torch.float32, torch.bfloat16):
+for dt in (torch.float32, torch.bfloat16)[int('$GATE_DTYPE' == 'bfloat16'):]:
     load_model('$NAME', torch.device('cuda'), dt, progress=False)
 print('dequantized caches ready')"
   show warm "$OUT"
@@ -86,7 +91,7 @@ fi
 
 # A. The process plan: each file's -m gpu cells in chunks of SHARD, longest jobs (the benches) first.
 # shellcheck disable=SC2086
-python3 -m pytest --collect-only -q -m gpu -p no:cacheprovider $TEST_FILES > "$OUT/collect.log" 2>&1
+python3 -m pytest --collect-only -q -m gpu -p no:cacheprovider --gate-dtype "$GATE_DTYPE" $TEST_FILES > "$OUT/collect.log" 2>&1
 grep "::" "$OUT/collect.log" > "$OUT/cells.txt"
 echo "=== plan: $(wc -l < "$OUT/cells.txt") cells of $(echo $TEST_FILES | wc -w) files; $(( $(elapsed) ))s so far"
 for f in $TEST_FILES; do
@@ -97,23 +102,38 @@ done
 for chunk in "$OUT"/tests/*_[0-9][0-9]; do mv "$chunk" "$chunk.ids"; done
 INV=(bench invariance "${INV_MODEL[@]}" --prompts $PROMPTS --chat "${INV_SIZE[@]}" --methods none,ngram,self -k 3
      --dtype bfloat16)
-pool; job inv_bf16_invariant "$OUT" "$A_END" "${CLI[@]}" "${INV[@]}" --batch-invariant --json "$OUT/inv_bf16_bi.json" &
-pool; job inv_bf16 "$OUT" "$A_END" "${CLI[@]}" "${INV[@]}" --json "$OUT/inv_bf16.json" &
+if [[ ${INV_BENCH:-1} == 1 ]]; then
+  pool; job inv_bf16_invariant "$OUT" "$A_END" "${CLI[@]}" "${INV[@]}" --batch-invariant --json "$OUT/inv_bf16_bi.json" &
+  pool; job inv_bf16 "$OUT" "$A_END" "${CLI[@]}" "${INV[@]}" --json "$OUT/inv_bf16.json" &
+fi
+if [[ ${FAULTS_CPU:-0} == 1 ]]; then  # the fault gates' CPU cells (tiny models), the table's CPU column
+  python3 -m pytest --collect-only -q -m "not gpu" -p no:cacheprovider tests/test_faults.py 2>/dev/null \
+    | grep "::" > "$OUT/tests/faults_cpu.ids"
+  [[ $DEVICE == cpu ]] && grep -E "::test_(row_by_position|placeholder_leak)_caught" "$OUT/tests/faults_cpu.ids" \
+    > "$OUT/tests/faults_cpu.tmp" && mv "$OUT/tests/faults_cpu.tmp" "$OUT/tests/faults_cpu.ids"  # dry run: 2 cells
+fi
 for ids in "$OUT"/tests/*.ids; do
   pool
   mapfile -t cells < "$ids"
-  job "$(basename "$ids" .ids)" "$OUT/tests" "$A_END" "${PYTEST[@]}" "${COLLECT_ONLY[@]}" "${cells[@]}" &
+  if [[ $(basename "$ids") == faults_cpu.ids ]]; then
+    job faults_cpu "$OUT/tests" "$A_END" "${PYTEST[@]}" -m "not gpu" "${cells[@]}" &
+  else
+    job "$(basename "$ids" .ids)" "$OUT/tests" "$A_END" "${PYTEST_GPU[@]}" "${COLLECT_ONLY[@]}" "${cells[@]}" &
+  fi
 done
 if [[ $DEVICE == cpu ]]; then  # one real run through the live log and the summary (CPU cells, ~20 s)
   echo "tests/test_faults.py::test_early_prefix_publish_caught_whatever_the_block_count[16]" > "$OUT/tests/cpu_live.ids"
-  pool; job cpu_live "$OUT/tests" "$A_END" "${PYTEST[@]}" "$(cat "$OUT/tests/cpu_live.ids")" &
+  pool; job cpu_live "$OUT/tests" "$A_END" "${PYTEST[@]}" "$(cat "$OUT/tests/cpu_live.ids")" &  # a CPU cell: no -m gpu
 fi
 wait
 echo "=== A done at $(elapsed)s: the gates (one line per process; lost = aborted or never started)"
 [[ $DEVICE == cpu ]] && echo "(dry run: the GPU cells' processes only collected them, rc 0 = every cell id found)"
 python3 scripts/gpu_gates_summary.py tests "$OUT/tests"
-TAIL=9 show inv_bf16 "$OUT"
-TAIL=9 show inv_bf16_invariant "$OUT"
+[[ ${FAULTS_CPU:-0} == 1 ]] && python3 scripts/gpu_gates_summary.py faults "$OUT/tests"
+if [[ ${INV_BENCH:-1} == 1 ]]; then
+  TAIL=9 show inv_bf16 "$OUT"
+  TAIL=9 show inv_bf16_invariant "$OUT"
+fi
 
 fi
 # B. The cost of --batch-invariant, alone on the GPU.

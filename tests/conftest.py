@@ -101,6 +101,19 @@ def pytest_addoption(parser):
     parser.addoption("--gate-device", default="cuda", choices=("cuda", "cpu"),
                      help="where the real-model cells of the acceptance gates (marked gpu_gate, tests/gates.py) run: "
                           "cuda, or cpu for a dry run of those cells without a GPU (the torch path: slow)")
+    parser.addoption("--gate-dtype", default="float32", choices=("float32", "bfloat16"),
+                     help="the dtype of the gate cells' real model (tests/gates.py): float32, or bfloat16, the "
+                          "production dtype, whose engines then run with batch_invariant=True on CUDA (exact "
+                          "checks stay exact); on the CPU (--gate-device cpu) bf16 runs the torch path, which "
+                          "has no invariant mode")
+
+
+def pytest_configure(config):
+    """The gate targets' ids and the gate model's dtype follow --gate-dtype (before the test modules
+    import tests/gates.py's TARGETS)."""
+    import gates
+
+    gates.configure(config.getoption("--gate-dtype"))
 
 
 @pytest.fixture(scope="session")
@@ -110,12 +123,17 @@ def gate_device(pytestconfig) -> torch.device:
 
 @pytest.fixture(scope="session")
 def qwen05_gate(qwen05_path, gate_device):
-    """(tokenizer, config, model): the real 0.5B in float32 on the gate device (CUDA unless --gate-device
-    cpu), for the GPU cells of the acceptance gates (tests/gates.py). Its first engine switches it onto
-    the Triton kernels on CUDA."""
-    from verispec.loader.model_loader import load_model
+    """(tokenizer, config, model): the real 0.5B in the gate dtype (--gate-dtype, float32 by default) on the
+    gate device (CUDA unless --gate-device cpu), for the GPU cells of the acceptance gates (tests/gates.py).
+    Its first engine switches it onto the Triton kernels on CUDA; in bf16 on CUDA every engine built on it
+    by tests/tiny.py runs with batch_invariant=True (gates.engine_defaults)."""
+    import gates
 
-    return load_model(str(qwen05_path), gate_device, torch.float32, progress=False)
+    from verispec.loader.model_loader import DTYPES, load_model
+
+    tok, cfg, model = load_model(str(qwen05_path), gate_device, DTYPES[gates.GATE_DTYPE], progress=False)
+    model.engine_defaults = gates.engine_defaults(gate_device)
+    return tok, cfg, model
 
 
 def pytest_collection_modifyitems(config, items):

@@ -300,3 +300,100 @@ def test_invariance_rejects_a_bad_method(capsys):
     with pytest.raises(SystemExit) as e:
         cli(["bench", "invariance", *BASE, "--methods", "none,magic"])
     assert e.value.code == 2 and "none,magic" in capsys.readouterr().err
+
+
+def test_invariance_sync_and_async_loops(tmp_path):
+    """--loops sync,async: every cell in both loops, the async rows compared with the sync rows of the same
+    cell. On the CPU in float32 the tiny model's two loops give the same tokens and the same acceptance
+    counters (ngram drafts there, so they are not all zero)."""
+    out, prompts = tmp_path / "r.json", tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt_token_ids": [7, 8, 9, 10, 7, 8, 9]}\n{"prompt_token_ids": [1, 2, 3, 1, 2, 3, 1, 2]}\n')
+    assert cli(["bench", "invariance", *BASE, "--model-overrides", TINY, "--json", str(out), "--prompts", str(prompts),
+                "--methods", "none,ngram", "--batch-sizes", "1,2", "--num-prompts", "2", "--output-len", "6",
+                "-k", "2", "--loops", "sync,async", "--copies", "2"]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert all(r["num_prompts"] == 4 and r["output_tokens"] == 24 for r in rows)  # 2 prompts x 2 copies
+    assert [(r["method"], r["batch_size"], r["loop"]) for r in rows] == [
+        (m, b, loop) for m, b in [("none", 1), ("none", 2), ("ngram", 1), ("ngram", 2)] for loop in ("sync", "async")]
+    assert all(r["mismatches"] == 0 and "_outputs" not in r for r in rows)
+    for r in rows:
+        assert ("counters_match" in r) == (r["loop"] == "async")
+    for sync, asyn in zip(rows[::2], rows[1::2], strict=True):
+        assert asyn["loop_mismatches"] == 0 and asyn["counters_match"] and asyn["counters_diff"] == {}
+        assert asyn["counters"] == sync["counters"]
+    ngram = rows[-1]["counters"]
+    assert ngram["num_drafts"] > 0 and sum(ngram["accepted_per_pos"]) == ngram["num_accepted_tokens"]
+    assert all(r["output_hashes"] == rows[0]["output_hashes"] for r in rows)
+    hashes = rows[0]["output_hashes"]
+    assert hashes[:2] == hashes[2:] and hashes[0] != hashes[1]  # copies alike; the two prompts' tokens differ
+
+
+def test_invariance_without_none_runs_the_reference_in_the_first_loop_only(tmp_path):
+    """--methods self --loops sync,async: the plain batch-1 reference once (sync), then self in both loops."""
+    out, prompts = tmp_path / "r.json", tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt_token_ids": [7, 8, 9, 10, 7, 8, 9]}\n')
+    assert cli(["bench", "invariance", *BASE, "--model-overrides", TINY, "--json", str(out), "--prompts", str(prompts),
+                "--methods", "self", "--batch-sizes", "1", "--num-prompts", "1", "--output-len", "5", "-k", "2",
+                "--loops", "sync,async"]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["method"], r["loop"]) for r in rows] == [("none", "sync"), ("self", "sync"), ("self", "async")]
+    assert rows[2]["counters_match"] and rows[2]["counters"]["num_accepted_tokens"] == rows[2]["counters"]["num_draft_tokens"] > 0
+
+
+def test_invariance_later_loops_at_some_batch_sizes_and_partial_rows(tmp_path):
+    """--loop-batch-sizes 2: the batch-1 cells run in the first loop only, batch 2 in both; the rows so far
+    are saved to JSON.partial after each row (the last save: every row)."""
+    out, prompts = tmp_path / "r.json", tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt_token_ids": [7, 8, 9, 10, 7, 8, 9]}\n{"prompt_token_ids": [1, 2, 3, 1, 2]}\n')
+    assert cli(["bench", "invariance", *BASE, "--model-overrides", TINY, "--json", str(out), "--prompts", str(prompts),
+                "--methods", "none,ngram", "--batch-sizes", "1,2", "--num-prompts", "2", "--output-len", "5",
+                "-k", "2", "--loops", "sync,async", "--loop-batch-sizes", "2"]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["method"], r["batch_size"], r["loop"]) for r in rows] == [
+        ("none", 1, "sync"), ("none", 2, "sync"), ("none", 2, "async"), ("ngram", 1, "sync"), ("ngram", 2, "sync"),
+        ("ngram", 2, "async")]
+    partial = json.loads((tmp_path / "r.json.partial").read_text())
+    assert partial["partial"] and partial["rows"] == rows
+
+
+def test_invariance_loop_batch_sizes_need_loops(capsys, monkeypatch):
+    """A usage error before the model loads."""
+    import verispec.bench.models as models
+
+    def no_load(*a, **kw):
+        raise AssertionError("the model loaded before the check")
+
+    monkeypatch.setattr(models, "load_bench_model", no_load)
+    assert cli(["bench", "invariance", *BASE, "--model-overrides", TINY, "--loop-batch-sizes", "2"]) != 0
+    assert "needs loops" in capsys.readouterr().err
+
+
+def test_invariance_output_hash():
+    import hashlib
+
+    from verispec.bench.invariance import output_hash
+
+    assert output_hash([1, 23]) == hashlib.sha256(b"1,23").hexdigest()[:8] != output_hash([12, 3])
+
+
+def test_invariance_compare_loops_reports_counter_differences():
+    """A later loop's row against the first loop's: token mismatches and each counter that differs."""
+    from verispec.bench.invariance import compare_loops
+
+    counters = {"num_drafts": 4, "num_draft_tokens": 8, "num_accepted_tokens": 5, "accepted_per_pos": [3, 2]}
+    first = {"counters": counters, "_outputs": [[1, 2], [3, 4]]}
+    row = {"counters": {**counters, "accepted_per_pos": [4, 1]}, "_outputs": [[1, 2], [3, 0]]}
+    got = compare_loops(row, first)
+    assert got == {"loop_mismatches": 1, "loop_mismatched": [[1, 1]], "counters_match": False,
+                   "counters_diff": {"accepted_per_pos": [[3, 2], [4, 1]]}}
+    assert "_outputs" not in row
+    same = compare_loops({"counters": dict(counters), "_outputs": [[1, 2], [3, 4]]}, first)
+    assert same["counters_match"] and same["loop_mismatches"] == 0 and same["counters_diff"] == {}
+
+
+@pytest.mark.parametrize("loops", ["sync,sync", "sync,overlap", ","])
+def test_invariance_rejects_bad_loops(capsys, loops):
+    """A usage error before anything loads."""
+    with pytest.raises(SystemExit) as e:
+        cli(["bench", "invariance", *BASE, "--loops", loops])
+    assert e.value.code == 2 and "loops" in capsys.readouterr().err

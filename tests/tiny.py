@@ -63,13 +63,17 @@ def tiny_engine(
     analytic on CPU).
 
     No gc.freeze at start-up unless kw asks for it (gc_freeze=True, the engine's default): each freeze
-    is a full collection (~0.2 s here), which the many engines of the tests would pay again and again."""
+    is a full collection (~0.2 s here), which the many engines of the tests would pay again and again.
+
+    A model may carry `engine_defaults` (a dict of EngineConfig fields, e.g. conftest.qwen05_gate's
+    batch_invariant=True in bf16 on CUDA): every engine built on it gets them unless kw overrides them, so
+    that no engine switches the shared model's kernels off the mode its gate runs in."""
     model = model or tiny_model()
     draft = None if draft_override is None else (real_tokenizer(), draft_override.config, draft_override)
     p = next(model.parameters())
     dtype = next(name for name, d in DTYPES.items() if d == p.dtype)
     defaults = dict(model="tiny", device=str(p.device), dtype=dtype, max_num_batched_tokens=256, num_gpu_blocks=256,
-                    gc_freeze=False)
+                    gc_freeze=False, **getattr(model, "engine_defaults", {}))
     cfg = EngineConfig(**{**defaults, **kw}, speculative_config=SpeculativeConfig.from_dict(spec))
     parts = assemble_parts(cfg, real_tokenizer(), model, p.device, p.dtype, draft_model=draft, step_cost=step_cost)
     return LLMEngine(cfg, parts)

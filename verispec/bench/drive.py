@@ -24,10 +24,12 @@ _ids = itertools.count()
 
 
 def make_engine(bm: BenchModel, spec: dict | None, max_num_seqs: int, prompt_ids: list[list[int]],
-                max_tokens: list[int], draft: tuple | None = None) -> LLMEngine:
+                max_tokens: list[int], draft: tuple | None = None,
+                async_scheduling: bool | None = None) -> LLMEngine:
     """An engine around the shared model, with just enough KV blocks and context for this workload.
 
-    `draft` is a preloaded (tokenizer, config, model) for a draft_model spec (loaded from its name if None)."""
+    `draft` is a preloaded (tokenizer, config, model) for a draft_model spec (loaded from its name if None);
+    async_scheduling: the loop (None: the bench's setting)."""
     spec_cfg = SpeculativeConfig.from_dict(spec)
     k = spec_cfg.num_speculative_tokens if spec_cfg is not None else 0
     block = bm.setup.engine.block_size
@@ -41,6 +43,8 @@ def make_engine(bm: BenchModel, spec: dict | None, max_num_seqs: int, prompt_ids
         num_gpu_blocks=blocks, enable_prefix_caching=False, speculative_config=spec_cfg,
         graph_capture="all",  # no capture in timed runs
     )
+    if async_scheduling is not None:
+        cfg = dataclasses.replace(cfg, async_scheduling=async_scheduling)
     parts = assemble_parts(cfg, bm.tokenizer, bm.model, bm.device, bm.dtype, draft_model=draft, tp=bm.tp)
     return LLMEngine(cfg, parts)
 

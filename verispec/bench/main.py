@@ -53,6 +53,17 @@ def _methods(text: str) -> list[str]:
     return names
 
 
+def _loops(text: str) -> list[str]:
+    from verispec.bench.invariance import check_loops
+
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    try:
+        check_loops(names)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return names
+
+
 def _structured_methods(text: str) -> list[str]:
     names = _methods(text)
     if "dflash" in names:
@@ -162,6 +173,14 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--dflash-model", default=None, help="DFlash drafter directory, or 'random' (untrained)")
     p.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=False,
                    help="adaptive speculation (default off: k drafts every step)")
+    p.add_argument("--loops", type=_loops, default=None,
+                   help="comma list of sync,async: every cell in each loop, later loops' rows compared with the "
+                        "first's (tokens and acceptance counters; default: the engine's one loop)")
+    p.add_argument("--copies", type=_positive, default=1,
+                   help="submit every prompt this many times (a batch larger than the prompts file)")
+    p.add_argument("--loop-batch-sizes", type=_ints, default=None,
+                   help="with --loops: the batch sizes that run in every loop (default: all; the others run in "
+                        "the first loop only)")
     p = kind("structured", "the cost of structured outputs: tok/s with and without a JSON schema, per batch "
                            "size and speculative method (equal token counts per request in both modes)")
     _common(p)
@@ -208,6 +227,18 @@ def add_bench_parser(sub) -> None:
     s.set_defaults(func=main)
 
 
+def _partial_writer(path: str | None):
+    """None, or a callback that saves the rows so far to PATH.partial (a run cut short keeps them)."""
+    if not path:
+        return None
+
+    def write(rows: list[dict]) -> None:
+        with open(f"{path}.partial", "w") as f:
+            json.dump({"rows": rows, "partial": True}, f)
+
+    return write
+
+
 def _setup(args):
     from verispec.bench.models import BenchSetup
 
@@ -230,6 +261,10 @@ def run(args) -> dict:
         if args.peer:
             raise ValueError("bench structured has no peer: drop --peer")
         schema = load_schema(args.schema)  # a bad schema (or no xgrammar) fails before the model loads
+    if args.bench_kind == "invariance":
+        from verispec.bench.invariance import check_loops
+
+        check_loops(args.loops, args.loop_batch_sizes)  # before the model loads
     bm = load_bench_model(setup)
     compile_peer = not args.no_compile
     if args.bench_kind == "latency":
@@ -252,7 +287,8 @@ def run(args) -> dict:
 
         out = run_invariance(bm, args.methods, args.batch_sizes,
                              args.output_len, args.num_speculative_tokens, args.prompts, args.num_prompts, args.chat,
-                             args.draft_model, args.dflash_model, args.adaptive, args.model_overrides)
+                             args.draft_model, args.dflash_model, args.adaptive, args.model_overrides, args.loops,
+                             args.copies, args.loop_batch_sizes, _partial_writer(args.json))
     elif args.bench_kind == "structured":
         from verispec.bench.structured import COLUMNS, DEFAULT_INSTRUCTION, PEER_COLUMNS, run_structured
 
