@@ -109,14 +109,15 @@ def test_cpu_loader_runs_the_kernel_types_as_blocks_and_the_rest_as_before():
     from collections import Counter
 
     k = 256
-    types = [T.Q5_0, T.Q5_0, T.Q8_0, T.Q4_K, T.Q6_K, T.Q4_0]
+    types = [T.Q5_0, T.Q5_0, T.Q8_0, T.Q4_K, T.Q6_K, T.Q4_0, T.Q2_K]
     parts = _parts(types, k)
     held: Counter = Counter()
     segs = quantized._cpu_segments(parts, held)
-    # runs of one kernel type share one segment; Q4_K keeps its int4 plane, Q6_K its bf16 matrix
-    assert [type(s).__name__ for s in segs] == ["GGUFSegment", "GGUFSegment", "Int4Planes", "DenseSegment",
-                                               "GGUFSegment"]
-    assert [s.weight.qtype for s in segs if isinstance(s, GGUFSegment)] == [T.Q5_0, T.Q8_0, T.Q4_0]
+    # runs of one kernel type share one segment; Q4_K keeps its int4 plane (faster than the kernel's loop),
+    # Q2_K (no kernel) its bf16 matrix
+    assert [type(s).__name__ for s in segs] == ["GGUFSegment", "GGUFSegment", "Int4Planes", "GGUFSegment",
+                                               "GGUFSegment", "DenseSegment"]
+    assert [s.weight.qtype for s in segs if isinstance(s, GGUFSegment)] == [T.Q5_0, T.Q8_0, T.Q6_K, T.Q4_0]
     assert held["Q5_0: GGUF blocks (CPU kernel)"] == 2 and sum(held.values()) == len(types)
     ref = torch.cat([dequantize(raw, t, shape) for raw, t, shape in parts])
     x = torch.randn(3, k)

@@ -248,6 +248,50 @@ int vs_avx512(void) {
         }                                                                                          \
     }
 
+/* Q6_K for one row of x: a 256-element block is 16 sub-blocks of 16 (element 32 g + o + i of a half takes
+   ql[32 (g & 1) + o + i] (low nibble for g < 2, high for g >= 2), bits 2g of qh[o + i], and scale sc[2g + o/16]). */
+static inline __attribute__((always_inline)) void q6k_block(const uint8_t *b, const float *xb, __m512 *a0,
+                                                            __m512 *a1) {
+    const int8_t *sc = (const int8_t *)(b + 192);
+    float d = f16(b + 208);
+    const __m512i m15 = _mm512_set1_epi32(15), m3 = _mm512_set1_epi32(3), s32 = _mm512_set1_epi32(32);
+    for (int half = 0; half < 2; half++) {
+        const uint8_t *l = b + 64 * half, *h = b + 128 + 32 * half;
+        __m512i hv[2], lv[2][2];
+        for (int o = 0; o < 2; o++) {
+            hv[o] = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(h + 16 * o)));
+            for (int c = 0; c < 2; c++)
+                lv[c][o] = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(l + 32 * c + 16 * o)));
+        }
+        for (int g = 0; g < 4; g++) {
+            for (int o = 0; o < 2; o++) {
+                __m512i lo = lv[g & 1][o];
+                if (g >= 2) lo = _mm512_srli_epi32(lo, 4);
+                lo = _mm512_and_si512(lo, m15);
+                __m512i hi = _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(hv[o], 2 * g), m3), 4);
+                __m512 q = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_or_si512(lo, hi), s32));
+                __m512 t = _mm512_mul_ps(q, _mm512_loadu_ps(xb + 128 * half + 32 * g + 16 * o));
+                float scale = d * (float)sc[8 * half + 2 * g + o];
+                if (o == 0) *a0 = _mm512_fmadd_ps(_mm512_set1_ps(scale), t, *a0);
+                else *a1 = _mm512_fmadd_ps(_mm512_set1_ps(scale), t, *a1);
+            }
+        }
+    }
+}
+
+static void one_q6_k(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, const float *x, float *y) {
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *wr = w + r * nb * 210;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+        for (int64_t blk = 0; blk < nb; blk++) {
+            const uint8_t *b = wr + blk * 210;
+            for (int p = 0; p < 256; p += 64) _mm_prefetch((const char *)b + PREFETCH + p, _MM_HINT_T0);
+            q6k_block(b, x + blk * 256, &a0, &a1);
+        }
+        y[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+    }
+}
+
 GEMV32_ONE(one_q8_0, 34, Q8_0_QUANTS)
 GEMV32_ONE(one_q5_0, 22, Q5_0_QUANTS)
 GEMV32_ONE(one_q4_0, 18, Q4_0_QUANTS)
@@ -295,6 +339,7 @@ int vs_gemv(int t, const uint8_t *w, int64_t n, int64_t k, const float *x, int64
         if (m == 1 && t == T_Q8_0) { one_q8_0(w, r0, r1, nb, x, y); continue; }
         if (m == 1 && t == T_Q5_0) { one_q5_0(w, r0, r1, nb, x, y); continue; }
         if (m == 1 && t == T_Q4_0) { one_q4_0(w, r0, r1, nb, x, y); continue; }
+        if (m == 1 && t == T_Q6_K) { one_q6_k(w, r0, r1, nb, x, y); continue; }
         if (t == T_Q8_0) { many_q8_0(w, r0, r1, nb, x, m, ldx, y, ldy); continue; }
         if (t == T_Q5_0) { many_q5_0(w, r0, r1, nb, x, m, ldx, y, ldy); continue; }
         if (t == T_Q4_0) { many_q4_0(w, r0, r1, nb, x, m, ldx, y, ldy); continue; }

@@ -35,7 +35,7 @@ _SOURCE = Path(__file__).with_name("cpu_gguf.c")
 MAX_ROWS = 16  # cpu_gguf.c's MAX_M: more rows take the dequantize + GEMM route
 # ggml type id -> (elements, bytes) per block, for the types cpu_gguf.c runs.
 BLOCKS: dict[int, tuple[int, int]] = {2: (32, 18), 6: (32, 22), 8: (32, 34), 12: (256, 144), 14: (256, 210)}
-GEMV_TYPES = frozenset({2, 6, 8})  # Q4_0, Q5_0, Q8_0: AVX-512 GEMVs (Q4_K, Q6_K: a slower generic loop)
+GEMV_TYPES = frozenset({2, 6, 8, 14})  # Q4_0, Q5_0, Q8_0, Q6_K: AVX-512 GEMVs (Q4_K: generic, slower than int4)
 
 
 @dataclass(frozen=True)
