@@ -73,6 +73,17 @@ def test_linear_matches_the_float64_reference(qtype, m):
 
 
 @needs_cc
+@needs_cc
+def test_gemm_route_slices_the_weight_rows(monkeypatch):
+    monkeypatch.setattr(cpu_gguf, "_GEMM_SLICE_ELEMS", 64 * 96)  # 64 rows a slice: 70 rows take two
+    w, ref = _weight(T.Q8_0, 70, 96, seed=5)
+    x = torch.randn(20, 96)
+    want = x.double() @ ref.double().t()
+    got = cpu_gguf.linear(x, w)
+    assert got.shape == (20, 70) and ((got.double() - want).abs() <= 1e-5 * (x.abs() @ ref.abs().t()).double()).all()
+
+
+@needs_cc
 def test_linear_keeps_leading_dims_and_threads_agree():
     w, ref = _weight(T.Q5_0, 70, 96, seed=3)
     x = torch.randn(2, 3, 96)
@@ -108,6 +119,9 @@ def _parts(types: list[T], k: int, rows: int = 40) -> list[tuple[torch.Tensor, i
 def test_cpu_loader_runs_the_kernel_types_as_blocks_and_the_rest_as_before():
     from collections import Counter
 
+    if not cpu_gguf.fast():
+        pytest.skip("no AVX-512 here: the loader keeps the int4 path (test_unavailable_kernel_keeps_the_int4_path)")
+
     k = 256
     types = [T.Q5_0, T.Q5_0, T.Q8_0, T.Q4_K, T.Q6_K, T.Q4_0, T.Q2_K]
     parts = _parts(types, k)
@@ -133,6 +147,6 @@ def test_cpu_loader_runs_the_kernel_types_as_blocks_and_the_rest_as_before():
 def test_unavailable_kernel_keeps_the_int4_path(monkeypatch):
     from collections import Counter
 
-    monkeypatch.setattr(cpu_gguf, "available", lambda: False)
+    monkeypatch.setattr(cpu_gguf, "fast", lambda: False)
     segs = quantized._cpu_segments(_parts([T.Q5_0, T.Q8_0], 64), Counter())
     assert [type(s) for s in segs] == [Int4Planes]  # one run of packable types, as cpu_pack packs it

@@ -33,6 +33,7 @@ log = logging.getLogger("verispec")
 
 _SOURCE = Path(__file__).with_name("cpu_gguf.c")
 MAX_ROWS = 16  # cpu_gguf.c's MAX_M: more rows take the dequantize + GEMM route
+_GEMM_SLICE_ELEMS = 1 << 22  # that route dequantizes this many weight elements at a time (16 MB of float32)
 # ggml type id -> (elements, bytes) per block, for the types cpu_gguf.c runs.
 BLOCKS: dict[int, tuple[int, int]] = {2: (32, 18), 6: (32, 22), 8: (32, 34), 12: (256, 144), 14: (256, 210)}
 GEMV_TYPES = frozenset({2, 6, 8, 14})  # Q4_0, Q5_0, Q8_0, Q6_K: AVX-512 GEMVs (Q4_K: generic, slower than int4)
@@ -112,7 +113,7 @@ def library() -> ctypes.CDLL | None:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.vs_gemv.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, i64, ptr, i64, ctypes.c_int]
     lib.vs_dequant.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ctypes.c_int]
-    lib.vs_gemv.restype = lib.vs_dequant.restype = ctypes.c_int
+    lib.vs_gemv.restype = lib.vs_dequant.restype = lib.vs_avx512.restype = ctypes.c_int
     return lib
 
 
@@ -135,8 +136,10 @@ def linear(x: torch.Tensor, w: CPUBlocks) -> torch.Tensor:
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k).to(torch.float32).contiguous()
     m = x2.shape[0]
-    if m > MAX_ROWS:
-        return F.linear(x2, dequantize(w)).reshape(*lead, n)
+    if m > MAX_ROWS:  # weight rows dequantized a slice at a time (the LM head whole would be 545 MB)
+        step = max(64, _GEMM_SLICE_ELEMS // k)
+        parts = [F.linear(x2, dequantize(_rows(w, r0, min(n, r0 + step)))) for r0 in range(0, n, step)]
+        return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)).reshape(*lead, n)
     y = torch.empty(m, n, dtype=torch.float32)
     if m and _lib().vs_gemv(w.qtype, w.blocks.data_ptr(), n, k, x2.data_ptr(), m, k, y.data_ptr(), n,
                             torch.get_num_threads()) != 0:
@@ -144,11 +147,22 @@ def linear(x: torch.Tensor, w: CPUBlocks) -> torch.Tensor:
     return y.reshape(*lead, n)
 
 
+def _rows(w: CPUBlocks, r0: int, r1: int) -> CPUBlocks:
+    """Rows [r0, r1) of a weight (a view of its blocks)."""
+    return w if (r0, r1) == (0, w.shape[0]) else CPUBlocks(w.blocks[r0:r1], w.qtype, (r1 - r0, w.shape[1]))
+
+
 def _lib() -> ctypes.CDLL:
     lib = library()
     if lib is None:
         raise RuntimeError("the CPU GGUF kernel is not available (cpu_gguf.available() is False)")
     return lib
+
+
+def fast() -> bool:
+    """Whether the GEMVs of GEMV_TYPES are the AVX-512 ones (without AVX-512 the plain C loop is slower than
+    the int4 path, so the loader keeps that)."""
+    return available() and bool(_lib().vs_avx512())
 
 
 @functools.cache
