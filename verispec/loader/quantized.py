@@ -107,9 +107,40 @@ def _linear(f: GGUFFile, cfg: ModelConfig, names: list[str], bias: torch.Tensor 
         return None
     if device.type == "cuda":
         return QuantLinear(_cuda_segments(parts, device, dtype, held), bias, dtype)
-    for _, t, _ in parts:
-        held[cpu_pack.describe(t)] += 1
-    return QuantLinear(cpu_pack.pack_tensors(parts), bias, cpu_pack.COMPUTE_DTYPE)
+    segs = _cpu_segments(parts, held)
+    pure = all(isinstance(s, GGUFSegment) for s in segs)  # the C kernel takes float32 activations
+    return QuantLinear(segs, bias, torch.float32 if pure else cpu_pack.COMPUTE_DTYPE)
+
+
+def _cpu_segments(parts: list[Part], held: Counter) -> list[Segment]:
+    """CPU segments: runs of the types kernels/cpu_gguf.py runs (Q8_0, Q5_0, Q4_0, Q6_K) as their GGUF blocks
+    when its AVX-512 kernel is available, the rest as cpu_pack packs them (int4 planes, bf16)."""
+    from verispec.kernels import cpu_gguf
+
+    fast = cpu_gguf.fast()
+    segs: list[Segment] = []
+    run: list[Part] = []
+
+    def flush(gguf: bool) -> None:
+        if not run:
+            return
+        if gguf:
+            n = sum(p[2][0] for p in run)
+            blocks = torch.cat([p[0].reshape(p[2][0], -1) for p in run]).contiguous()
+            segs.append(GGUFSegment(cpu_gguf.CPUBlocks(blocks, run[0][1], (n, run[0][2][1])), cpu_gguf.linear))
+        else:
+            segs.extend(cpu_pack.pack_tensors(list(run)))
+        run.clear()
+
+    kind_of = lambda t: "gguf" if fast and t in cpu_gguf.GEMV_TYPES else "pack"  # noqa: E731
+    for raw, t, shape in parts:
+        kind = kind_of(t)
+        if run and (kind != kind_of(run[-1][1]) or (kind == "gguf" and t != run[-1][1])):
+            flush(kind_of(run[-1][1]) == "gguf")
+        run.append((raw, t, shape))
+        held[f"{type_name(t)}: GGUF blocks (CPU kernel)" if kind == "gguf" else cpu_pack.describe(t)] += 1
+    flush(bool(run) and kind_of(run[-1][1]) == "gguf")
+    return segs
 
 
 def load_gguf_quantized(

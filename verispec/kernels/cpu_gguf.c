@@ -1,0 +1,365 @@
+/* GGUF-block matmul on the CPU (verispec/kernels/cpu_gguf.py builds and loads this file).
+
+   y[i, r] = sum_k x[i, k] * W[r, k] for the rows i < m of float32 activations x, W held as its GGUF
+   blocks (row r: k / BLOCK blocks of the type's bytes). Each block is dequantized exactly as
+   loader/dequant.py does (float32: scale * q + bias), so the only difference from the float32
+   reference matmul is the order of the float32 sums. Rows of W are split over OpenMP threads (the
+   same libgomp torch runs on). vs_dequant writes the float32 weight itself (large m: torch's GEMM).
+
+   Types: Q8_0, Q5_0, Q4_0 (32 per block), Q4_K, Q6_K (256 per block). AVX-512 where the compiler
+   targets it, plain C otherwise (the same results up to summation order). */
+
+#include <stdint.h>
+#include <string.h>
+#if defined(__AVX512F__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+enum { T_Q4_0 = 2, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14 };
+#define MAX_M 16
+#ifndef PREFETCH
+#define PREFETCH 2048 /* bytes ahead in the weight stream (memory-level parallelism) */
+#endif
+
+static inline __attribute__((always_inline)) float f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+#ifdef __F16C__
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
+    if (exp == 0x1F) {
+        bits = sign | 0x7F800000u | (man << 13);
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man == 0) {
+        bits = sign;
+    } else { /* subnormal half: normalise */
+        int e = -1;
+        do { man <<= 1; e++; } while (!(man & 0x400));
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3FF) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+#endif
+}
+
+static int block_elems(int t) { return (t == T_Q4_K || t == T_Q6_K) ? 256 : 32; }
+
+static int block_bytes(int t) {
+    switch (t) {
+    case T_Q4_0: return 18;
+    case T_Q5_0: return 22;
+    case T_Q8_0: return 34;
+    case T_Q4_K: return 144;
+    case T_Q6_K: return 210;
+    default: return 0;
+    }
+}
+
+/* One block -> out[block_elems] float32, the values dequant.py gives. */
+static void deq_q8_0(const uint8_t *b, float *out) {
+    float d = f16(b);
+    const int8_t *q = (const int8_t *)(b + 2);
+#ifdef __AVX512F__
+    __m512 vd = _mm512_set1_ps(d);
+    for (int h = 0; h < 2; h++) {
+        __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16 * h)));
+        _mm512_store_ps(out + 16 * h, _mm512_mul_ps(vd, _mm512_cvtepi32_ps(v)));
+    }
+#else
+    for (int j = 0; j < 32; j++) out[j] = d * (float)q[j];
+#endif
+}
+
+static void deq_q5_0(const uint8_t *b, float *out) {
+    float d = f16(b);
+    uint32_t qh = (uint32_t)b[2] | ((uint32_t)b[3] << 8) | ((uint32_t)b[4] << 16) | ((uint32_t)b[5] << 24);
+    const uint8_t *qs = b + 6;
+#ifdef __AVX512F__
+    __m512 vd = _mm512_set1_ps(d);
+    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)qs));
+    __m512i lo = _mm512_and_si512(v, _mm512_set1_epi32(15)), hi = _mm512_srli_epi32(v, 4);
+    __m512i sixteen = _mm512_set1_epi32(16);
+    lo = _mm512_mask_add_epi32(lo, (__mmask16)(qh & 0xFFFF), lo, sixteen); /* bit j: element j's fifth bit */
+    hi = _mm512_mask_add_epi32(hi, (__mmask16)(qh >> 16), hi, sixteen);
+    _mm512_store_ps(out, _mm512_mul_ps(vd, _mm512_cvtepi32_ps(_mm512_sub_epi32(lo, sixteen))));
+    _mm512_store_ps(out + 16, _mm512_mul_ps(vd, _mm512_cvtepi32_ps(_mm512_sub_epi32(hi, sixteen))));
+#else
+    for (int j = 0; j < 16; j++) {
+        int x0 = (qs[j] & 15) | (((qh >> j) & 1) << 4), x1 = (qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+        out[j] = d * (float)(x0 - 16);
+        out[j + 16] = d * (float)(x1 - 16);
+    }
+#endif
+}
+
+static void deq_q4_0(const uint8_t *b, float *out) {
+    float d = f16(b);
+    const uint8_t *qs = b + 2;
+    for (int j = 0; j < 16; j++) {
+        out[j] = d * (float)((qs[j] & 15) - 8);
+        out[j + 16] = d * (float)((qs[j] >> 4) - 8);
+    }
+}
+
+static void deq_q4_k(const uint8_t *b, float *out) {
+    float d = f16(b), dmin = f16(b + 2);
+    const uint8_t *s = b + 4, *qs = b + 16;
+    for (int j = 0; j < 8; j++) { /* sub-block j: 6-bit scale and min */
+        int sc, mn;
+        if (j < 4) {
+            sc = s[j] & 63;
+            mn = s[j + 4] & 63;
+        } else {
+            sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+            mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+        }
+        float scale = d * (float)sc, bias = -(dmin * (float)mn);
+        const uint8_t *q = qs + 32 * (j / 2);
+        int shift = 4 * (j % 2);
+        for (int l = 0; l < 32; l++) out[32 * j + l] = scale * (float)((q[l] >> shift) & 15) + bias;
+    }
+}
+
+static void deq_q6_k(const uint8_t *b, float *out) {
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t *sc = (const int8_t *)(b + 192);
+    float d = f16(b + 208);
+    for (int half = 0; half < 2; half++) { /* 128 values each: ql[64], qh[32], 8 scales */
+        const uint8_t *l = ql + 64 * half, *h = qh + 32 * half;
+        float *o = out + 128 * half;
+        const int8_t *s = sc + 8 * half;
+        for (int i = 0; i < 32; i++) {
+            int is = i / 16;
+            int q1 = ((l[i] & 15) | (((h[i] >> 0) & 3) << 4)) - 32;
+            int q2 = ((l[i + 32] & 15) | (((h[i] >> 2) & 3) << 4)) - 32;
+            int q3 = ((l[i] >> 4) | (((h[i] >> 4) & 3) << 4)) - 32;
+            int q4 = ((l[i + 32] >> 4) | (((h[i] >> 6) & 3) << 4)) - 32;
+            o[i] = (d * (float)s[is]) * (float)q1;
+            o[i + 32] = (d * (float)s[is + 2]) * (float)q2;
+            o[i + 64] = (d * (float)s[is + 4]) * (float)q3;
+            o[i + 96] = (d * (float)s[is + 6]) * (float)q4;
+        }
+    }
+}
+
+typedef void (*deq_fn)(const uint8_t *, float *);
+
+static deq_fn deq_of(int t) {
+    switch (t) {
+    case T_Q4_0: return deq_q4_0;
+    case T_Q5_0: return deq_q5_0;
+    case T_Q8_0: return deq_q8_0;
+    case T_Q4_K: return deq_q4_k;
+    case T_Q6_K: return deq_q6_k;
+    default: return 0;
+    }
+}
+
+int vs_block_elems(int t) { return deq_of(t) ? block_elems(t) : 0; }
+int vs_block_bytes(int t) { return deq_of(t) ? block_bytes(t) : 0; }
+int vs_avx512(void) {
+#ifdef __AVX512F__
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+#ifdef __AVX512F__
+/* The 32-element types in registers: q0, q1 the block's quants as float32 (elements 0-15, 16-31), d its
+   scale; value = d * q exactly as dequant.py (a float32 product of two floats holding integers / halves). */
+#define Q8_0_QUANTS(b, q0, q1, d)                                                                  \
+    __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2)))); \
+    __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 18)))); \
+    float d = f16(b)
+
+#define Q5_0_QUANTS(b, q0, q1, d)                                                                  \
+    __m512i v_ = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 6)));                    \
+    uint32_t qh_;                                                                                  \
+    memcpy(&qh_, b + 2, 4);                                                                        \
+    const __m512i s16_ = _mm512_set1_epi32(16);                                                    \
+    /* q = nibble + 16 * bit - 16: subtract 16 where the fifth bit is clear */                      \
+    __m512 q0 = _mm512_cvtepi32_ps(_mm512_mask_sub_epi32(_mm512_and_si512(v_, _mm512_set1_epi32(15)), \
+                                                         (__mmask16)~(qh_ & 0xFFFF),                 \
+                                                         _mm512_and_si512(v_, _mm512_set1_epi32(15)), s16_)); \
+    __m512 q1 = _mm512_cvtepi32_ps(_mm512_mask_sub_epi32(_mm512_srli_epi32(v_, 4), (__mmask16)~(qh_ >> 16), \
+                                                         _mm512_srli_epi32(v_, 4), s16_));            \
+    float d = f16(b)
+
+#define Q4_0_QUANTS(b, q0, q1, d)                                                                  \
+    __m512i v_ = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 2)));                    \
+    const __m512i s8_ = _mm512_set1_epi32(8);                                                      \
+    __m512 q0 = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(v_, _mm512_set1_epi32(15)), s8_)); \
+    __m512 q1 = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(v_, 4), s8_));                \
+    float d = f16(b)
+
+/* Rows [r0, r1) of W for one row of x: four blocks per iteration into four accumulators (FMA latency). */
+#define BLOCK_DOT(b, xb, acc, QUANTS)                                                              \
+    do {                                                                                           \
+        QUANTS(b, q0, q1, d);                                                                      \
+        __m512 s_ = _mm512_fmadd_ps(q1, _mm512_loadu_ps(xb + 16), _mm512_mul_ps(q0, _mm512_loadu_ps(xb))); \
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), s_, acc);                                         \
+    } while (0)
+
+#define GEMV32_ONE(NAME, BB, QUANTS)                                                               \
+    static void NAME(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, const float *x, float *y) { \
+        for (int64_t r = r0; r < r1; r++) {                                                        \
+            const uint8_t *wr = w + r * nb * BB;                                                   \
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                            \
+            int64_t blk = 0;                                                                       \
+            for (; blk + 4 <= nb; blk += 4) {                                                      \
+                const uint8_t *b = wr + blk * BB;                                                  \
+                const float *xb = x + blk * 32;                                                    \
+                _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);                             \
+                _mm_prefetch((const char *)b + PREFETCH + 64, _MM_HINT_T0);                        \
+                BLOCK_DOT(b, xb, a0, QUANTS);                                                      \
+                BLOCK_DOT(b + BB, xb + 32, a1, QUANTS);                                            \
+                BLOCK_DOT(b + 2 * BB, xb + 64, a2, QUANTS);                                        \
+                BLOCK_DOT(b + 3 * BB, xb + 96, a3, QUANTS);                                        \
+            }                                                                                      \
+            for (; blk < nb; blk++) BLOCK_DOT(wr + blk * BB, x + blk * 32, a0, QUANTS);            \
+            y[r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))); \
+        }                                                                                          \
+    }
+
+/* Rows [r0, r1) of W for m rows of x (each block's quants converted once, used m times). */
+#define GEMV32_MANY(NAME, BB, QUANTS)                                                              \
+    static void NAME(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, const float *x, int64_t m, \
+                     int64_t ldx, float *y, int64_t ldy) {                                          \
+        for (int64_t r = r0; r < r1; r++) {                                                        \
+            const uint8_t *wr = w + r * nb * BB;                                                   \
+            __m512 acc[MAX_M];                                                                     \
+            for (int i = 0; i < m; i++) acc[i] = _mm512_setzero_ps();                              \
+            for (int64_t blk = 0; blk < nb; blk++) {                                               \
+                const uint8_t *b = wr + blk * BB;                                                  \
+                QUANTS(b, q0, q1, d);                                                              \
+                __m512 vd = _mm512_set1_ps(d);                                                     \
+                const float *xb = x + blk * 32;                                                    \
+                for (int i = 0; i < m; i++) {                                                      \
+                    __m512 s = _mm512_fmadd_ps(q1, _mm512_loadu_ps(xb + i * ldx + 16),             \
+                                               _mm512_mul_ps(q0, _mm512_loadu_ps(xb + i * ldx)));   \
+                    acc[i] = _mm512_fmadd_ps(vd, s, acc[i]);                                       \
+                }                                                                                  \
+            }                                                                                      \
+            for (int i = 0; i < m; i++) y[i * ldy + r] = _mm512_reduce_add_ps(acc[i]);             \
+        }                                                                                          \
+    }
+
+/* Q6_K for one row of x: a 256-element block is 16 sub-blocks of 16 (element 32 g + o + i of a half takes
+   ql[32 (g & 1) + o + i] (low nibble for g < 2, high for g >= 2), bits 2g of qh[o + i], and scale sc[2g + o/16]). */
+static inline __attribute__((always_inline)) void q6k_block(const uint8_t *b, const float *xb, __m512 *a0,
+                                                            __m512 *a1) {
+    const int8_t *sc = (const int8_t *)(b + 192);
+    float d = f16(b + 208);
+    const __m512i m15 = _mm512_set1_epi32(15), m3 = _mm512_set1_epi32(3), s32 = _mm512_set1_epi32(32);
+    for (int half = 0; half < 2; half++) {
+        const uint8_t *l = b + 64 * half, *h = b + 128 + 32 * half;
+        __m512i hv[2], lv[2][2];
+        for (int o = 0; o < 2; o++) {
+            hv[o] = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(h + 16 * o)));
+            for (int c = 0; c < 2; c++)
+                lv[c][o] = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(l + 32 * c + 16 * o)));
+        }
+        for (int g = 0; g < 4; g++) {
+            for (int o = 0; o < 2; o++) {
+                __m512i lo = lv[g & 1][o];
+                if (g >= 2) lo = _mm512_srli_epi32(lo, 4);
+                lo = _mm512_and_si512(lo, m15);
+                __m512i hi = _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(hv[o], 2 * g), m3), 4);
+                __m512 q = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_or_si512(lo, hi), s32));
+                __m512 t = _mm512_mul_ps(q, _mm512_loadu_ps(xb + 128 * half + 32 * g + 16 * o));
+                float scale = d * (float)sc[8 * half + 2 * g + o];
+                if (o == 0) *a0 = _mm512_fmadd_ps(_mm512_set1_ps(scale), t, *a0);
+                else *a1 = _mm512_fmadd_ps(_mm512_set1_ps(scale), t, *a1);
+            }
+        }
+    }
+}
+
+static void one_q6_k(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, const float *x, float *y) {
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *wr = w + r * nb * 210;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+        for (int64_t blk = 0; blk < nb; blk++) {
+            const uint8_t *b = wr + blk * 210;
+            for (int p = 0; p < 256; p += 64) _mm_prefetch((const char *)b + PREFETCH + p, _MM_HINT_T0);
+            q6k_block(b, x + blk * 256, &a0, &a1);
+        }
+        y[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+    }
+}
+
+GEMV32_ONE(one_q8_0, 34, Q8_0_QUANTS)
+GEMV32_ONE(one_q5_0, 22, Q5_0_QUANTS)
+GEMV32_ONE(one_q4_0, 18, Q4_0_QUANTS)
+GEMV32_MANY(many_q8_0, 34, Q8_0_QUANTS)
+GEMV32_MANY(many_q5_0, 22, Q5_0_QUANTS)
+GEMV32_MANY(many_q4_0, 18, Q4_0_QUANTS)
+#endif
+
+/* Any type through its block dequantizer (the 256-element types; everything without AVX-512). */
+static void gemv_generic(deq_fn deq, int be, int bb, const uint8_t *w, int64_t r0, int64_t r1, int64_t nb,
+                         const float *x, int64_t m, int64_t ldx, float *y, int64_t ldy) {
+    float buf[256] __attribute__((aligned(64)));
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *wr = w + r * nb * bb;
+        float acc[MAX_M][16];
+        memset(acc, 0, sizeof(acc));
+        for (int64_t blk = 0; blk < nb; blk++) {
+            deq(wr + blk * bb, buf);
+            const float *xb = x + blk * be;
+            for (int i = 0; i < m; i++)
+                for (int j = 0; j < be; j += 16)
+                    for (int l = 0; l < 16; l++) acc[i][l] += buf[j + l] * xb[i * ldx + j + l];
+        }
+        for (int i = 0; i < m; i++) {
+            float s = 0;
+            for (int l = 0; l < 16; l++) s += acc[i][l];
+            y[i * ldy + r] = s;
+        }
+    }
+}
+
+/* y[i * ldy + r] = x[i * ldx + :k] . W[r], i < m <= MAX_M, r < n. Returns 0, or -1 for bad arguments. */
+int vs_gemv(int t, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, int64_t ldx,
+            float *y, int64_t ldy, int threads) {
+    deq_fn deq = deq_of(t);
+    int be = block_elems(t), bb = block_bytes(t);
+    if (!deq || k % be || m < 1 || m > MAX_M || threads < 1) return -1;
+    int64_t nb = k / be;
+    int64_t chunk = 16; /* rows per task: whole cache lines of y, and enough tasks to balance */
+    int64_t tasks = (n + chunk - 1) / chunk;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t task = 0; task < tasks; task++) {
+        int64_t r0 = task * chunk, r1 = r0 + chunk < n ? r0 + chunk : n;
+#ifdef __AVX512F__
+        if (m == 1 && t == T_Q8_0) { one_q8_0(w, r0, r1, nb, x, y); continue; }
+        if (m == 1 && t == T_Q5_0) { one_q5_0(w, r0, r1, nb, x, y); continue; }
+        if (m == 1 && t == T_Q4_0) { one_q4_0(w, r0, r1, nb, x, y); continue; }
+        if (m == 1 && t == T_Q6_K) { one_q6_k(w, r0, r1, nb, x, y); continue; }
+        if (t == T_Q8_0) { many_q8_0(w, r0, r1, nb, x, m, ldx, y, ldy); continue; }
+        if (t == T_Q5_0) { many_q5_0(w, r0, r1, nb, x, m, ldx, y, ldy); continue; }
+        if (t == T_Q4_0) { many_q4_0(w, r0, r1, nb, x, m, ldx, y, ldy); continue; }
+#endif
+        gemv_generic(deq, be, bb, w, r0, r1, nb, x, m, ldx, y, ldy);
+    }
+    return 0;
+}
+
+/* out[r * k + :k] = W[r] as float32, r < n. Returns 0, or -1 for bad arguments. */
+int vs_dequant(int t, const uint8_t *w, int64_t n, int64_t k, float *out, int threads) {
+    deq_fn deq = deq_of(t);
+    int be = block_elems(t), bb = block_bytes(t);
+    if (!deq || k % be || threads < 1) return -1;
+    int64_t nb = k / be;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t i = 0; i < n * nb; i++) {
+        float buf[256] __attribute__((aligned(64)));
+        deq(w + i * bb, buf);
+        memcpy(out + i * be, buf, sizeof(float) * be);
+    }
+    return 0;
+}

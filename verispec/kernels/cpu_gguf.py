@@ -1,0 +1,191 @@
+"""Matmuls over GGUF blocks as stored, on the CPU: a small C kernel (cpu_gguf.c) built once with the
+system C compiler and called through ctypes.
+
+Up to MAX_ROWS rows of x (decode, verify) run cpu_gguf.c's GEMV: it streams each weight row's blocks once,
+dequantizes them exactly as loader/dequant.py does and sums in float32 (AVX-512 where the CPU has it), so
+the result is the float32 reference's up to summation order, reading the file's bytes only. More rows
+(prefill) dequantize the weight to float32 in the kernel and run torch's GEMM. The library is built with
+`cc -O3 -march=native -fopenmp` into `<cache>/kernels/` keyed by the source, the compiler and the CPU; no
+compiler, a failed build or a wrong answer on the start-up check make available() False (the caller
+keeps the int4 path). VERISPEC_CPU_GGUF=0 turns it off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from verispec.core.envs import cache_dir
+
+log = logging.getLogger("verispec")
+
+_SOURCE = Path(__file__).with_name("cpu_gguf.c")
+MAX_ROWS = 16  # cpu_gguf.c's MAX_M: more rows take the dequantize + GEMM route
+_GEMM_SLICE_ELEMS = 1 << 22  # that route dequantizes this many weight elements at a time (16 MB of float32)
+# ggml type id -> (elements, bytes) per block, for the types cpu_gguf.c runs.
+BLOCKS: dict[int, tuple[int, int]] = {2: (32, 18), 6: (32, 22), 8: (32, 34), 12: (256, 144), 14: (256, 210)}
+GEMV_TYPES = frozenset({2, 6, 8, 14})  # Q4_0, Q5_0, Q8_0, Q6_K: AVX-512 GEMVs (Q4_K: generic, slower than int4)
+
+
+@dataclass(frozen=True)
+class CPUBlocks:
+    """An N x K weight as its GGUF blocks: uint8 [N, K / elements * bytes] (the file's bytes, row by row)."""
+
+    blocks: torch.Tensor
+    qtype: int
+    shape: tuple[int, int]
+
+    def __post_init__(self) -> None:
+        n, k = self.shape
+        if self.qtype not in BLOCKS:
+            raise ValueError(f"CPUBlocks: ggml type {self.qtype} has no CPU kernel (types: {sorted(BLOCKS)})")
+        elems, nbytes = BLOCKS[self.qtype]
+        if k % elems:
+            raise ValueError(f"CPUBlocks: K = {k} is not a multiple of the type's {elems}-element blocks")
+        want = (n, k // elems * nbytes)
+        b = self.blocks
+        if b.dtype != torch.uint8 or tuple(b.shape) != want or not b.is_contiguous() or b.device.type != "cpu":
+            raise ValueError(f"CPUBlocks: blocks must be contiguous CPU uint8 {want}, got {b.dtype} "
+                             f"{tuple(b.shape)} on {b.device}")
+
+
+def _cc() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def _cpu_key() -> str:
+    try:
+        flags = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
+    except OSError:
+        flags = ""
+    return flags + platform.machine()
+
+
+def _build(cc: str) -> Path:
+    """The built library (cached by source, compiler and CPU): compiled to a temp file, then renamed."""
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256(_SOURCE.read_bytes() + version.encode() + _cpu_key().encode()).hexdigest()[:16]
+    out = cache_dir() / "kernels" / f"cpu_gguf-{key}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    try:  # -ffp-contract=off: scale * q + bias rounds as dequant.py's two float32 ops
+        cmd = [cc, "-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC",
+               str(_SOURCE), "-o", tmp]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if r.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed: {r.stderr.strip()[:500]}")
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The loaded kernel library, or None (logged) when it cannot be built or is turned off."""
+    if os.environ.get("VERISPEC_CPU_GGUF", "1") == "0":
+        return None
+    cc = _cc()
+    if cc is None:
+        log.info("no C compiler (cc, gcc or $CC): the CPU GGUF kernel is off")
+        return None
+    try:
+        lib = ctypes.CDLL(str(_build(cc)))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        log.info("the CPU GGUF kernel did not build (%s): it is off", e)
+        return None
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.vs_gemv.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, i64, ptr, i64, ctypes.c_int]
+    lib.vs_dequant.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ctypes.c_int]
+    lib.vs_gemv.restype = lib.vs_dequant.restype = lib.vs_avx512.restype = ctypes.c_int
+    return lib
+
+
+def dequantize(w: CPUBlocks) -> torch.Tensor:
+    """The float32 [N, K] weight (the values loader/dequant.py gives, bit for bit)."""
+    lib = _lib()
+    n, k = w.shape
+    out = torch.empty(n, k, dtype=torch.float32)
+    if lib.vs_dequant(w.qtype, w.blocks.data_ptr(), n, k, out.data_ptr(), torch.get_num_threads()) != 0:
+        raise ValueError(f"cpu_gguf.dequantize: the kernel refused type {w.qtype}, shape {w.shape}")
+    return out
+
+
+def linear(x: torch.Tensor, w: CPUBlocks) -> torch.Tensor:
+    """x [..., K] -> [..., N] float32 (x is cast to float32): the GEMV for up to MAX_ROWS rows, else
+    dequantize + F.linear."""
+    n, k = w.shape
+    if x.shape[-1] != k:
+        raise ValueError(f"cpu_gguf.linear: x has {x.shape[-1]} features, the weight {k}")
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k).to(torch.float32).contiguous()
+    m = x2.shape[0]
+    if m > MAX_ROWS:  # weight rows dequantized a slice at a time (the LM head whole would be 545 MB)
+        step = max(64, _GEMM_SLICE_ELEMS // k)
+        parts = [F.linear(x2, dequantize(_rows(w, r0, min(n, r0 + step)))) for r0 in range(0, n, step)]
+        return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)).reshape(*lead, n)
+    y = torch.empty(m, n, dtype=torch.float32)
+    if m and _lib().vs_gemv(w.qtype, w.blocks.data_ptr(), n, k, x2.data_ptr(), m, k, y.data_ptr(), n,
+                            torch.get_num_threads()) != 0:
+        raise ValueError(f"cpu_gguf.linear: the kernel refused type {w.qtype}, shape {w.shape}, {m} rows")
+    return y.reshape(*lead, n)
+
+
+def _rows(w: CPUBlocks, r0: int, r1: int) -> CPUBlocks:
+    """Rows [r0, r1) of a weight (a view of its blocks)."""
+    return w if (r0, r1) == (0, w.shape[0]) else CPUBlocks(w.blocks[r0:r1], w.qtype, (r1 - r0, w.shape[1]))
+
+
+def _lib() -> ctypes.CDLL:
+    lib = library()
+    if lib is None:
+        raise RuntimeError("the CPU GGUF kernel is not available (cpu_gguf.available() is False)")
+    return lib
+
+
+def fast() -> bool:
+    """Whether the GEMVs of GEMV_TYPES are the AVX-512 ones (without AVX-512 the plain C loop is slower than
+    the int4 path, so the loader keeps that)."""
+    return available() and bool(_lib().vs_avx512())
+
+
+@functools.cache
+def available() -> bool:
+    """Whether the kernel built and matches the float32 reference on a small random weight of each type."""
+    if library() is None:
+        return False
+    from verispec.loader.dequant import dequantize as ref_dequantize
+
+    g = torch.Generator().manual_seed(0)
+    for t, (elems, nbytes) in BLOCKS.items():
+        n, k = 5, 2 * elems
+        raw = torch.randint(0, 256, (n, k // elems, nbytes), generator=g, dtype=torch.uint8)
+        raw[..., :2] = torch.tensor([0x00, 0x3C], dtype=torch.uint8)  # d = 1.0 (random bytes can be inf / nan)
+        if t == 12:
+            raw[..., 2:4] = torch.tensor([0x00, 0x38], dtype=torch.uint8)  # dmin = 0.5
+        if t == 14:
+            raw[..., 208:210] = torch.tensor([0x00, 0x3C], dtype=torch.uint8)
+        w = CPUBlocks(raw.reshape(n, -1).contiguous(), t, (n, k))
+        ref = ref_dequantize(w.blocks.reshape(-1), t, (n, k))
+        x = torch.randn(3, k, generator=g)
+        if not torch.equal(dequantize(w), ref) or not torch.allclose(linear(x, w), x @ ref.t(), rtol=1e-4,
+                                                                      atol=1e-3):
+            log.info("the CPU GGUF kernel gave wrong results on its check (type %d): it is off", t)
+            return False
+    return True
