@@ -211,7 +211,11 @@ class DFlashProposer(Proposer):
                 st.next_block += 1
 
     def _gather(self, rows: list[int]) -> torch.Tensor:
-        """The drafter's input features of these rows of the step's captured target layers."""
+        """The drafter's input features of these rows of the step's captured target layers. Consecutive
+        rows (a decode step's usual case) are a slice: no index upload, no gather kernel."""
+        r0, n = rows[0], len(rows)
+        if rows[-1] - r0 == n - 1 and rows == list(range(r0, r0 + n)):
+            return torch.cat([c[r0 : r0 + n] for c in self._captured], dim=-1).to(self.dtype)
         idx = to_device(rows, torch.long, self.device)
         return torch.cat([c[idx] for c in self._captured], dim=-1).to(self.dtype)
 
