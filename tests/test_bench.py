@@ -151,7 +151,7 @@ def test_spec_methods_and_hf_peer_identity(tmp_path):
     res = _bench(tmp_path, "spec", "--prompts", str(prompts), "--num-prompts", "2", "--batch-sizes", "1,2",
                  "--output-len", "6", "-k", str(k), "--draft-model", "qwen2.5-coder-0.5b-instruct",
                  "--methods", "none,ngram,self,draft_model", "--peer", "hf", "--no-compile", "--repeats", "2",
-                 "--no-adaptive")
+                 "--no-adaptive", "--waves", "1")
     rows = {(r["method"], r["batch_size"]): r for r in res["rows"]}
     assert set(rows) == {(m, b) for m in ("none", "ngram", "self", "draft_model") for b in (1, 2)}
     for (method, b), r in rows.items():
@@ -174,20 +174,25 @@ def test_spec_methods_and_hf_peer_identity(tmp_path):
 def test_spec_pinned_k_and_default_sweep(tmp_path):
     """--no-adaptive pins k: "self" on 6 output tokens verifies k = 3 drafts after the first token (all
     accepted), then 0 (trimmed at max_tokens), so 1.5 drafts per request-step. The default sweep is
-    batch sizes 1, 4, 16, 64, a batch size above --num-prompts running that many prompts."""
+    batch sizes 1, 4, 16, 64 with 4 waves; --waves 1 runs max(--num-prompts, b) requests, --waves 3 runs
+    3 * b, cycling through the file's two prompts."""
     from verispec.entrypoints.cli import build_parser
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt_token_ids": [7, 8, 9, 10, 7, 8, 9]}\n{"prompt_token_ids": [1, 2, 3, 1, 2, 3, 1, 2]}\n')
     res = _bench(tmp_path, "spec", "--prompts", str(prompts), "--num-prompts", "1", "--batch-sizes", "1,2",
-                 "--output-len", "6", "-k", "3", "--methods", "none,self", "--no-adaptive", "--repeats", "1")
+                 "--output-len", "6", "-k", "3", "--methods", "none,self", "--no-adaptive", "--repeats", "1",
+                 "--waves", "1")
     rows = {(r["method"], r["batch_size"]): r for r in res["rows"]}
     assert [rows[("none", b)]["output_tokens"] for b in (1, 2)] == [6, 12]
+    res3 = _bench(tmp_path, "spec", "--prompts", str(prompts), "--num-prompts", "1", "--batch-sizes", "2",
+                  "--output-len", "6", "--methods", "none", "--repeats", "1", "--waves", "3")
+    assert [(r["num_prompts"], r["output_tokens"]) for r in res3["rows"]] == [(6, 36)]
     for b in (1, 2):
         r = rows[("self", b)]
         assert r["adaptive"] is False and r["mean_k"] == 1.5 and r["acceptance_rate"] == 1.0 and len(r["runs"]) == 1
     args = build_parser().parse_args(["bench", "spec"])
-    assert args.batch_sizes == [1, 4, 16, 64] and args.adaptive is True and args.repeats == 3
+    assert args.batch_sizes == [1, 4, 16, 64] and args.adaptive is True and args.repeats == 3 and args.waves == 4
 
 
 def test_spec_dflash_random_drafter(tmp_path):
@@ -195,7 +200,8 @@ def test_spec_dflash_random_drafter(tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt_token_ids": [7, 8, 9, 10, 7, 8, 9]}\n{"prompt_token_ids": [1, 2, 3, 1, 2, 3, 1, 2]}\n')
     res = _bench(tmp_path, "spec", "--prompts", str(prompts), "--num-prompts", "2", "--batch-sizes", "1,2",
-                 "--output-len", "6", "--methods", "none,dflash", "--dflash-model", "random", "--no-adaptive")
+                 "--output-len", "6", "--methods", "none,dflash", "--dflash-model", "random", "--no-adaptive",
+                 "--waves", "1")
     rows = {(r["method"], r["batch_size"]): r for r in res["rows"]}
     assert set(rows) == {(m, b) for m in ("none", "dflash") for b in (1, 2)}
     for (method, _), r in rows.items():
@@ -209,7 +215,7 @@ def test_spec_chat_prompts(tmp_path, qwen05_path):
     text = tmp_path / "t.jsonl"
     text.write_text('{"prompt": "def add(a, b):\\n"}\n')
     res = _bench(tmp_path, "spec", "--model", str(qwen05_path), "--prompts", str(text), "--batch-sizes", "1",
-                 "--output-len", "3", "--methods", "none,ngram", "--chat", shapes="{" + SHAPES + "}")
+                 "--output-len", "3", "--methods", "none,ngram", "--chat", "--waves", "1", shapes="{" + SHAPES + "}")
     assert res["prompts"].endswith("(chat template)") and res["rows"][0]["output_tokens"] == 3
 
 

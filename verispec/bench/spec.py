@@ -1,7 +1,10 @@
 """`verispec bench spec`: speculative decoding methods against no speculation, on HumanEval prompts.
 
 For each batch size and method (none, ngram, self, draft_model, dflash), greedy generation of `output_len` tokens per
-prompt (no EOS stop), all prompts submitted at once with max_num_seqs = batch size. Greedy speculation is
+prompt (no EOS stop), all prompts submitted at once with max_num_seqs = batch size. Batch size b runs
+max(num_prompts, waves * b) requests (num_prompts capped at the prompts there are), cycling through them: with waves >= 2 a
+queue refills every slot a finished request frees, so a row is a steady-state throughput (with one wave the
+run lasts as long as its slowest request, and tokens a speculating request gains early buy nothing). Greedy speculation is
 lossless, so every method's tokens must equal no speculation's at the same batch size; mismatches are counted,
 not fatal (bf16 on a GPU may flip a near-tie between batch shapes). Each (batch size, method) runs `repeats`
 times on one engine after a warm-up run of the same workload; the row is the median run by tok/s. The
@@ -154,15 +157,21 @@ def run_spec(bm: BenchModel, methods: list[str], batch_sizes: list[int], output_
              draft_model: str | None = None, prompts_file: str | None = None, num_prompts: int = 16,
              peer: str | None = None, compile_peer: bool = True, draft_overrides: dict | None = None,
              dflash_model: str | None = None, dflash_k: int | None = None, chat: bool = False,
-             repeats: int = 3, adaptive: bool = False) -> dict:
+             repeats: int = 3, adaptive: bool = False, waves: int = 1) -> dict:
     """Run every (batch size, method) `repeats` times (the row: the median run); returns {"rows", "peers",
     "prompts"}. dflash_model "random" makes an untrained drafter for the target (speed only). chat: render
     text prompts as chat requests (a code stub as "Complete this function: ...", a natural-language request
     as the user message itself: train/data.py render_prompts). adaptive=False pins k (the engine drafts k every step)."""
-    if repeats < 1:
-        raise ValueError("repeats must be >= 1")
-    need = max([num_prompts, *batch_sizes])  # batch size b runs max(num_prompts, b) prompts
-    all_ids, source = bench_prompt_ids(bm, prompts_file, need, output_len, chat)
+    if repeats < 1 or waves < 1:
+        raise ValueError("repeats and waves must be >= 1")
+
+    all_ids, source = bench_prompt_ids(bm, prompts_file, max([num_prompts] + [waves * b for b in batch_sizes]),
+                                       output_len, chat)
+    first = min(num_prompts, len(all_ids))
+
+    def count(b: int) -> int:  # requests of batch size b (module docstring)
+        return max(first, waves * b)
+
     methods = ["none"] + [m for m in methods if m != "none"]
     draft = load_draft(bm, draft_model, draft_overrides) if draft_model and "draft_model" in methods else None
     tmp = None
@@ -174,7 +183,7 @@ def run_spec(bm: BenchModel, methods: list[str], batch_sizes: list[int], output_
     rows: list[dict] = []
     outputs: dict[tuple[str, int], list[list[int]]] = {}
     for b in batch_sizes:
-        ids = all_ids[: max(num_prompts, b)]
+        ids = [all_ids[i % len(all_ids)] for i in range(count(b))]
         for method in methods:
             mk = dflash_k if method == "dflash" else k
             engine = make_engine(bm, spec_config(method, mk, draft_model, dflash_model, adaptive), b, ids,
@@ -227,7 +236,7 @@ def _hf_rows(bm: BenchModel, ids: list[list[int]], output_len: int, k: int, draf
             r["ratio"] = ours["tok_s"] / r["tok_s"] if ours else None
             r["compared_with"] = PEER_MATCH[mode]
             if ref is not None:
-                r["mismatches"], r["first_mismatch"] = _diff(r["outputs"], ref)
+                r["mismatches"], r["first_mismatch"] = _diff(r["outputs"], ref[: len(r["outputs"])])
         out.append(r)
         print(f"  {mode:18} batch   1: {r.get('tok_s', 0):9.1f} tok/s {r.get('error', '')}", flush=True)
     return out
