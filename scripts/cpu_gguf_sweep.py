@@ -2,7 +2,8 @@
 (kernels/cpu_gguf.py) against the int4-plane / bf16 segments it replaces (loader/cpu_pack.py), each kind's
 weights of every layer in turn (so they come from memory, as in a step); best of --iters.
 
-usage: PYTHONPATH=$PWD python3 scripts/cpu_gguf_sweep.py [MODEL] [--threads N] [--iters 5]
+usage: PYTHONPATH=$PWD python3 scripts/cpu_gguf_sweep.py [MODEL] [--threads N] [--iters 5] [--all-types]
+(--all-types: every type the kernel has, Q4_K too, which the loader keeps on its int4 plane)
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def main() -> None:
     ap.add_argument("model", nargs="?", default="qwen2.5-coder-0.5b-instruct")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--all-types", action="store_true")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -55,7 +57,7 @@ def main() -> None:
             raw = f.raw(name)
             types.add(type_name(info.ggml_type))
             packed.append(cpu_pack.pack_tensors([(raw, info.ggml_type, shape)])[0])
-            if info.ggml_type in cpu_gguf.GEMV_TYPES:
+            if info.ggml_type in (cpu_gguf.BLOCKS if a.all_types else cpu_gguf.GEMV_TYPES):
                 blocks.append(cpu_gguf.CPUBlocks(raw.reshape(shape[0], -1).contiguous(), info.ggml_type, shape))
             else:  # what the loader keeps packed beside the kernel
                 kept.append(packed[-1])

@@ -279,6 +279,45 @@ static inline __attribute__((always_inline)) void q6k_block(const uint8_t *b, co
     }
 }
 
+/* Q4_K for one row of x: sub-block j (32 elements) takes the low (j even) or high nibbles of qs[32 (j / 2) ..],
+   value = (d sc_j) q + (-(dmin m_j)) as dequant.py (here one fused multiply-add per element). */
+static void one_q4_k(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, const float *x, float *y) {
+    const __m512i m15 = _mm512_set1_epi32(15);
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *wr = w + r * nb * 144;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+        for (int64_t blk = 0; blk < nb; blk++) {
+            const uint8_t *b = wr + blk * 144, *s = b + 4, *qs = b + 16;
+            _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);
+            _mm_prefetch((const char *)b + PREFETCH + 64, _MM_HINT_T0);
+            _mm_prefetch((const char *)b + PREFETCH + 128, _MM_HINT_T0);
+            float d = f16(b), dmin = f16(b + 2);
+            const float *xb = x + blk * 256;
+            for (int c = 0; c < 4; c++) {
+                __m512i v0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qs + 32 * c)));
+                __m512i v1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qs + 32 * c + 16)));
+                for (int hi = 0; hi < 2; hi++) {
+                    int j = 2 * c + hi, sc, mn;
+                    if (j < 4) {
+                        sc = s[j] & 63;
+                        mn = s[j + 4] & 63;
+                    } else {
+                        sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+                        mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+                    }
+                    __m512 vs = _mm512_set1_ps(d * (float)sc), vm = _mm512_set1_ps(-(dmin * (float)mn));
+                    __m512i u0 = hi ? _mm512_srli_epi32(v0, 4) : v0, u1 = hi ? _mm512_srli_epi32(v1, 4) : v1;
+                    __m512 w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(u0, m15)), vs, vm);
+                    __m512 w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(u1, m15)), vs, vm);
+                    a0 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xb + 32 * j), a0);
+                    a1 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xb + 32 * j + 16), a1);
+                }
+            }
+        }
+        y[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+    }
+}
+
 static void one_q6_k(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, const float *x, float *y) {
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *wr = w + r * nb * 210;
@@ -340,6 +379,7 @@ int vs_gemv(int t, const uint8_t *w, int64_t n, int64_t k, const float *x, int64
         if (m == 1 && t == T_Q5_0) { one_q5_0(w, r0, r1, nb, x, y); continue; }
         if (m == 1 && t == T_Q4_0) { one_q4_0(w, r0, r1, nb, x, y); continue; }
         if (m == 1 && t == T_Q6_K) { one_q6_k(w, r0, r1, nb, x, y); continue; }
+        if (m == 1 && t == T_Q4_K) { one_q4_k(w, r0, r1, nb, x, y); continue; }
         if (t == T_Q8_0) { many_q8_0(w, r0, r1, nb, x, m, ldx, y, ldy); continue; }
         if (t == T_Q5_0) { many_q5_0(w, r0, r1, nb, x, m, ldx, y, ldy); continue; }
         if (t == T_Q4_0) { many_q4_0(w, r0, r1, nb, x, m, ldx, y, ldy); continue; }
