@@ -37,3 +37,13 @@ def triton_interpret() -> bool:
     tests/conftest.py sets it before triton is imported). Triton reads it when a kernel module is
     imported, so the kernel modules read it then too (the interpreter-friendly loop, no inline PTX)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def cpu_gguf_kernel() -> bool:
+    """VERISPEC_CPU_GGUF=0: the CPU GGUF-block C kernel off (the int4 planes instead; an A/B switch)."""
+    return os.environ.get("VERISPEC_CPU_GGUF", "1") != "0"
+
+
+def c_compiler() -> str | None:
+    """CC: the C compiler that builds the CPU GGUF kernel (default: cc or gcc on PATH)."""
+    return os.environ.get("CC") or None

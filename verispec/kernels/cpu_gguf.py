@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from verispec.core import envs
 from verispec.core.envs import cache_dir
 
 log = logging.getLogger("verispec")
@@ -62,7 +63,7 @@ class CPUBlocks:
 
 
 def _cc() -> str | None:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    return envs.c_compiler() or shutil.which("cc") or shutil.which("gcc")
 
 
 def _cpu_key() -> str:
@@ -99,7 +100,7 @@ def _build(cc: str) -> Path:
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The loaded kernel library, or None (logged) when it cannot be built or is turned off."""
-    if os.environ.get("VERISPEC_CPU_GGUF", "1") == "0":
+    if not envs.cpu_gguf_kernel():
         return None
     cc = _cc()
     if cc is None:
