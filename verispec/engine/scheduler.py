@@ -12,6 +12,13 @@ as if it had never been preempted. Together with `reserve()` (draft blocks are t
 preemption rule, never silently skipped) this makes a request's draft schedule (how many drafts
 each verification of each output index carries) a function of the request alone, not of block
 pressure, prefix hits or the loop that drives the engine.
+
+Both loops (engine.py) get the same schedules, so that the adaptive policy, which plans over the batch,
+makes the same plans: prefix hashes are published by one rule at the same points (commit: the blocks whose
+token values were known at the step's launch, so not the step's own sampled tokens, which the overlapped
+loop does not have yet; publish_rest: the previous step's requests this step skipped), a schedule() that
+preempted admits nobody (in the overlapped loop its victims still wait for the in-flight step's values),
+and requests waiting only for their last values (pending_stop) hold no seat.
 """
 
 from __future__ import annotations
