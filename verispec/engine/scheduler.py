@@ -272,15 +272,16 @@ class Scheduler:
     def publish_rest(self, previous: list[ScheduledRequest], current: list[ScheduledRequest]) -> None:
         """After step N's commit, in both loops: publish the blocks of step N-1's requests that step N did
         not schedule (N-1's sampled tokens are known by now); step N's requests published at commit."""
-        if not previous:
-            return
-        now = {id(s.request) for s in current}
         bs = self.blocks.block_size
+        now = None  # the ids of this step's requests, built on the first candidate (rare in steady decode)
         for s in previous:
             req = s.request
-            if (id(req) not in now and req.status is Status.RUNNING and not req.pending_stop
-                    and req.finish_reason is None and req.num_computed_tokens // bs > req.num_published_blocks):
-                self._publish(req, min(req.num_computed_tokens, self._known(req)))
+            if (req.num_computed_tokens // bs > req.num_published_blocks and req.status is Status.RUNNING
+                    and not req.pending_stop and req.finish_reason is None):
+                if now is None:
+                    now = {id(c.request) for c in current}
+                if id(req) not in now:
+                    self._publish(req, min(req.num_computed_tokens, self._known(req)))
 
     def _known(self, req: Request, start: int = 0) -> int:
         """Leading tokens of the request whose values are on the host. start: an output index
