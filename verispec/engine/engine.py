@@ -106,6 +106,8 @@ class LLMEngine:
         # values were committed: part of the batch the policy sees (_plan_drafts).
         self._latest_sched = None
         self._stopped_latest: list[str] = []
+        # The overlapped loop collects its in-flight step before the next schedule (_step_async).
+        self._drain_first = False
         self.spec = SpecCounters()
         self.groups: dict[str, _Group] = {}
         self.seq_to_group: dict[str, _Group] = {}
@@ -219,9 +221,10 @@ class LLMEngine:
         if not sched.scheduled:
             return []
         handle = self.runner.launch(sched, self.pending_draft_probs, {})
-        self._launched(sched)
+        previous = self._launched(sched)
         result = self.runner.collect(handle)
         touched = self._commit(sched, result, optimistic=False)
+        self.scheduler.publish_rest(previous, sched.scheduled)
         if self.proposer is not None:
             self._propose(sched, handle)
         return self._outputs(touched)
@@ -235,6 +238,11 @@ class LLMEngine:
         if self._needs_host_values():
             early = self._drain()
             self._collect_drafts()
+        elif self._drain_first:
+            # A request preempted with this step's placeholders (reserve, in _propose) gets its values
+            # before the next schedule, which may admit it again, as the synchronous loop's would.
+            early = self._drain()
+        self._drain_first = False
         sched = self._schedule()
         if not sched.scheduled:
             return early + self._drain()
@@ -242,16 +250,13 @@ class LLMEngine:
         drafts = self.pending_proposal.device if self.pending_proposal is not None else None
         sources = {"out": prev.device_tokens() if prev is not None else None, "draft": drafts}
         handle = self.runner.launch(sched, self.pending_draft_probs, sources)
-        self._launched(sched)
+        previous = self._launched(sched)
         # Step N-1 is finished on the host while step N runs: before waiting for N's accepted counts,
         # so that this host work hides behind N's verify instead of delaying the drafter's launch.
         outputs = early + (self._drain_handle(prev) if prev is not None else [])
         counts = handle.counts() if any(s.num_draft_tokens for s in sched.scheduled) else None
         self._commit_optimistic(handle, counts)
-        if prev is not None:  # what resolving N-1 after this commit would have published
-            for s in prev.sched.scheduled:
-                if s.request.status is Status.RUNNING:
-                    self.scheduler.publish_known(s.request)
+        self.scheduler.publish_rest(previous, sched.scheduled)  # (step N-1's values are on the host now)
         self.inflight = handle
         if self.proposer is not None:
             host = self.proposer.needs_host_tokens  # (drains first, then reads host values: no device sources)
@@ -296,8 +301,11 @@ class LLMEngine:
             self.num_steps += 1
         return sched
 
-    def _launched(self, sched) -> None:
+    def _launched(self, sched) -> list:
+        """Record the step just launched; returns the previous launched step's scheduled requests."""
+        previous = self._latest_sched.scheduled if self._latest_sched is not None else []
         self._latest_sched, self._stopped_latest = sched, []
+        return previous
 
     def _commit_optimistic(self, handle, counts: list[int] | None) -> None:
         """Advance the books of a launched step: lengths now, values later (PLACEHOLDER). The policy
@@ -315,9 +323,9 @@ class LLMEngine:
             if row:
                 if observe is not None:
                     observe(s.request.request_id, _verified(s), n, len(s.request.output_token_ids))
-                commit(s, [PLACEHOLDER] * n, publish=False)
+                commit(s, [PLACEHOLDER] * n)
             else:
-                commit(s, None, publish=False)
+                commit(s, None)
 
     def _commit(self, sched, result, optimistic: bool) -> dict:
         """Apply host values to the books: finalize tokens, count acceptance, detokenize, stop."""
@@ -417,6 +425,8 @@ class LLMEngine:
             if r.status is Status.RUNNING:
                 for victim in self.scheduler.reserve(r, r.num_tokens + self.proposer.num_drafts_for(r)):
                     self.proposer.free_request(victim.request_id)
+                    if PLACEHOLDER in victim.output_token_ids:  # (the overlapped loop's step in flight)
+                        self._drain_first = True
         ready = [r for r in ready if r.status is Status.RUNNING]
         sources = {"out": handle.device_tokens()} if device_sources and ready else {}
         proposal = self.proposer.propose(ready, sources)

@@ -1,8 +1,9 @@
 """Paged KV blocks with prefix caching.
 
 A full block is identified by a chained hash: hash(parent_hash, its token ids). The hash is
-*published* (made findable by other requests) only after the step that wrote the block's K/V has
-finished; the scheduler calls publish() at commit time with the request's num_computed_tokens. A
+*published* (made findable by other requests) only once the step that writes the block's K/V has been
+committed (a step that hits it runs after that one on the device); the scheduler calls publish() at commit
+time, up to the request's num_computed_tokens and the tokens whose values it knew at launch. A
 published block that is freed keeps its hash and can be revived until the allocator reuses it
 (least recently freed first). Collisions are ruled out by comparing token ids.
 """

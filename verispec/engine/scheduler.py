@@ -12,6 +12,13 @@ as if it had never been preempted. Together with `reserve()` (draft blocks are t
 preemption rule, never silently skipped) this makes a request's draft schedule (how many drafts
 each verification of each output index carries) a function of the request alone, not of block
 pressure, prefix hits or the loop that drives the engine.
+
+Both loops (engine.py) get the same schedules, so that the adaptive policy, which plans over the batch,
+makes the same plans: prefix hashes are published by one rule at the same points (commit: the blocks whose
+token values were known at the step's launch, so not the step's own sampled tokens, which the overlapped
+loop does not have yet; publish_rest: the previous step's requests this step skipped), a schedule() that
+preempted admits nobody (in the overlapped loop its victims still wait for the in-flight step's values),
+and requests waiting only for their last values (pending_stop) hold no seat.
 """
 
 from __future__ import annotations
@@ -62,11 +69,12 @@ class Scheduler:
         bs = self.blocks.block_size
         drafting = self.drafts_for is not None
         running = self.running
-        i = 0
+        i = num_pending = 0
         while i < len(running) and budget > 0:
             req = running[i]
             if req.pending_stop:
                 i += 1  # waiting for its last values; nothing more to compute
+                num_pending += 1
                 continue
             # Without a proposer no request resumes short (_resumes_short), so _target is
             # num_tokens and _blocks_for the chunk's end: skip those calls (every request, every step).
@@ -92,7 +100,12 @@ class Scheduler:
             budget -= num_new
             i += 1
 
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        # Requests that wait only for their last values (pending_stop, the overlapped loop) hold no seat:
+        # the synchronous loop has finished them already. A step that preempted admits nobody (its
+        # victims, at the head of the queue, come back in a later step): in the overlapped loop a
+        # victim of this call has the in-flight step's placeholders, so the two loops admit alike.
+        seats = self.max_num_seqs + num_pending
+        while self.waiting and budget > 0 and len(self.running) < seats and not out.preempted:
             req = self.waiting[0]
             if PLACEHOLDER in req.output_token_ids:
                 break  # preempted while a step was in flight: wait for its values
@@ -200,12 +213,13 @@ class Scheduler:
         return out.preempted
 
     # ---- commit ----------------------------------------------------------------------------
-    def commit(self, s: ScheduledRequest, sampled: list[int] | None, publish: bool = True) -> int:
+    def commit(self, s: ScheduledRequest, sampled: list[int] | None) -> int:
         """Apply a step's result to one request: advance num_computed_tokens (minus rejected
-        drafts), append the emitted tokens, publish written blocks. Returns drafts accepted.
-        The overlapped loop commits PLACEHOLDER tokens (counts known, values not) with
-        publish=False and fills the values in later with resolve()."""
+        drafts), append the emitted tokens, publish written blocks (publish_rule). Returns drafts
+        accepted. The overlapped loop commits PLACEHOLDER tokens (counts known, values not) and fills
+        the values in later with resolve()."""
         req = s.request
+        known = req.num_tokens  # token values known before this step's sampled ones (publish_rule)
         end = s.start + s.num_new_tokens
         if sampled is None:
             req.num_computed_tokens = end
@@ -215,6 +229,7 @@ class Scheduler:
             req.num_computed_tokens = end - (s.num_draft_tokens - num_accepted)
         if req.spec_token_ids:
             req.spec_token_ids = []
+        self._publish(req, min(req.num_computed_tokens, known))
         if sampled is not None:
             out = req.output_token_ids
             for tok in sampled:
@@ -222,15 +237,12 @@ class Scheduler:
                 if tok == PLACEHOLDER:
                     if self._length_reached(req):
                         # Finish once the values arrive; the blocks go back now, as they would
-                        # in the synchronous loop (only blocks of known tokens get published).
+                        # in the synchronous loop.
                         req.pending_stop = True
-                        self._publish(req, min(req.num_computed_tokens, self._known(req)))
                         self._free(req)
                         break
                 elif self._check_stop(req, tok):
                     break
-        if publish:
-            self._publish(req, req.num_computed_tokens)
         return 0 if sampled is None else len(sampled) - 1
 
     def resolve(self, s: ScheduledRequest, sampled: list[int] | None) -> list[int]:
@@ -239,7 +251,6 @@ class Scheduler:
         Returns the tokens that became real."""
         req = s.request
         if sampled is None:
-            self._publish(req, min(req.num_computed_tokens, self._known(req)))
             return []
         new: list[int] = []
         out = req.output_token_ids
@@ -256,18 +267,21 @@ class Scheduler:
                 break
         if req.finish_reason is None and req.pending_stop and PLACEHOLDER not in out:
             req.finish_reason = "length"
-        if req.finish_reason is None and req.num_computed_tokens // self.blocks.block_size > req.num_published_blocks:
-            # (Otherwise no block can be published.) Steps resolve in launch order, so no
-            # placeholder precedes this step's first token.
-            self._publish(req, min(req.num_computed_tokens, self._known(req, s.output_base)))
         return new
 
-    def publish_known(self, req: Request) -> None:
-        """Publish req's written blocks whose token values are on the host: what resolve() does, for
-        a request whose later step was committed after its earlier step was resolved (the overlapped
-        loop resolves step N-1 before it commits step N's counts)."""
-        if req.finish_reason is None and req.num_computed_tokens // self.blocks.block_size > req.num_published_blocks:
-            self._publish(req, min(req.num_computed_tokens, self._known(req)))
+    def publish_rest(self, previous: list[ScheduledRequest], current: list[ScheduledRequest]) -> None:
+        """After step N's commit, in both loops: publish the blocks of step N-1's requests that step N did
+        not schedule (N-1's sampled tokens are known by now); step N's requests published at commit."""
+        bs = self.blocks.block_size
+        now = None  # the ids of this step's requests, built on the first candidate (rare in steady decode)
+        for s in previous:
+            req = s.request
+            if (req.num_computed_tokens // bs > req.num_published_blocks and req.status is Status.RUNNING
+                    and not req.pending_stop and req.finish_reason is None):
+                if now is None:
+                    now = {id(c.request) for c in current}
+                if id(req) not in now:
+                    self._publish(req, min(req.num_computed_tokens, self._known(req)))
 
     def _known(self, req: Request, start: int = 0) -> int:
         """Leading tokens of the request whose values are on the host. start: an output index
