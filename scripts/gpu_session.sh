@@ -13,7 +13,11 @@
 #   verify     scripts/gpu_verify.sh (the batch-1 verify/decode ratio with and without the small-M kernels);
 #   humaneval  `bench spec` on HumanEval-chat;
 #   cost       scripts/gpu_gates.sh phase B (the batch_invariant cost, timed);
-#   structured scripts/gpu_structured.sh (tok/s with and without a JSON schema).
+#   structured scripts/gpu_structured.sh (tok/s with and without a JSON schema);
+#   invariance scripts/gpu_invariance.sh beside training (issue 18's bf16 must-shows, ~6 min, untimed);
+#   gguf / quant scripts/gpu_gguf.sh (~4 min) and scripts/gpu_quant.sh (~12 min): issue 20 on the GPU.
+# The whole list is far over one 30-minute lease: pick with SKIP (e.g. SKIP="gemma gates verify small_m cost
+# structured gguf" for training + invariance + both prompt sets + quant).
 # Start it from a copy of the tree (later calls re-sync the checkout under a running job):
 #   mkdir -p /tmp/tree && tar cf - --exclude=.device-carry . | (cd /tmp/tree && tar xf -) && cd /tmp/tree &&
 #   setsid nohup scripts/gpu_session.sh > /tmp/burst/driver.log 2>&1 < /dev/null &
@@ -75,6 +79,9 @@ if want tests; then
   mark "tests done"
 fi
 GATES_PHASE=A PAR=4 BUDGET_S=600 helper gates scripts/gpu_gates.sh
+# issue 18's bf16 must-shows (bench invariance in both loops, the bf16 invariant gates, the fault table):
+# untimed, so beside training; it needs both models
+DFLASH= BUDGET_S=360 helper invariance scripts/gpu_invariance.sh
 if want train; then
   wait "$train"
   mark "train done rc=$?"
@@ -98,5 +105,7 @@ fi
 want heldout && { mark heldout; spec heldout "${PROMPTS:-prompts/heldout_requests.jsonl}" none,ngram,draft_model,dflash 1,4,16,64; mark "heldout done rc=$?"; }
 want humaneval && { mark humaneval; spec humaneval humaneval.jsonl none,ngram,draft_model,dflash 1,4,16,64; mark "humaneval done rc=$?"; }
 GATES_PHASE=B BUDGET_S=160 helper cost scripts/gpu_gates.sh
+helper gguf scripts/gpu_gguf.sh
+helper quant scripts/gpu_quant.sh
 helper structured scripts/gpu_structured.sh
 mark end
