@@ -289,3 +289,14 @@ def test_population_prior_drafts_less_deep_where_acceptance_falls():
     chain = _serve(SpeculationPolicy(K, cost, PolicyParams(population_prior=False)), cost, 40, 120)
     assert with_pop >= 1.05 * chain  # 0.95 against 0.88 (the best fixed k: 1.0; the bursty pattern
     assert with_pop >= 0.93  # of FALLING sends both to k = 0 for stretches)
+
+
+def test_population_survives_an_idle_engine_until_reset():
+    """reset_clock (a request at an idle engine) keeps the population counts, so a server learns the
+    drafter's curve across requests; reset_population (the bench, before each run) forgets them."""
+    pol = SpeculationPolicy(K, LINEAR)
+    pol.observe("a", K, 2, 0)  # 4 drafts, the first accepted
+    pol.reset_clock()
+    assert pol.population.reach == [1, 1, 0, 0] and pol.population.accept == [1, 0, 0, 0]
+    pol.reset_population()
+    assert pol.population.reach == [0] * K and pol.population.accept == [0] * K

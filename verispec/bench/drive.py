@@ -118,6 +118,8 @@ def drive(engine: LLMEngine, prompt_ids: list[list[int]], params: list[SamplingP
     params = with_output_kind(params, kind)
     rids = [f"bench-{next(_ids)}" for _ in prompt_ids]
     index = {r: i for i, r in enumerate(rids)}
+    if engine.policy is not None:  # every run from the same policy state: it repeats the warm-up's plans
+        engine.policy.reset_population()
     m0 = engine.get_metrics()
     sync(device)
     t0 = time.perf_counter()

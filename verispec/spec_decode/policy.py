@@ -209,6 +209,12 @@ class SpeculationPolicy:
             self.stats.pop(rid, None)
         self._retired.clear()
 
+    def reset_population(self) -> None:
+        """Forget the population counts (the bench starts every run from none, so that a run repeats its
+        warm-up's plans; an engine keeps them across idle periods)."""
+        if self.population is not None:
+            self.population = PopulationStats(self.max_k, self.params.population_strength)
+
     def _stats(self, request_id: str) -> AcceptanceStats:
         st = self.stats.get(request_id)
         if st is None:
