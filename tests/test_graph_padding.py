@@ -36,7 +36,7 @@ def build(graphs: bool, prefill_lens: tuple[int, ...] = (), prefill_max_tokens: 
                                             torch.float32, "cpu")
             r.graphs = CudaGraphRunner(model, r.kv_caches, max_batch=8, query_lens=(1, 1 + K), block_size=r.block_size,
                                        max_blocks_per_seq=-(-eng.max_model_len // r.block_size), capture=False,
-                                       faults=eng.faults, prefill_lens=prefill_lens,
+                                       faults=eng.faults, capture_layers=r.capture_layers, prefill_lens=prefill_lens,
                                        prefill_max_tokens=prefill_max_tokens)
         return eng
 
@@ -60,13 +60,32 @@ def test_padded_verify_matches_unpadded(async_scheduling):
     assert plain[3].runner.graph_steps == 0
 
 
-@pytest.mark.parametrize("method", ["none", "ngram"])
+@pytest.fixture(scope="module")
+def drafter_dir(tmp_path_factory):
+    """A DFlash drafter fitted a little to the tiny target (build()'s model: the same seed and shapes)."""
+    from tiny import greedy_continuation, trained_tiny_drafter
+
+    from verispec.spec_decode.dflash import save_drafter
+
+    model = tiny_model(tiny_config(vocab=VOCAB))
+    ps = scenario_prompts(vocab_hi=VOCAB - 12)
+    seqs = list(zip(ps, greedy_continuation(model, ps, 24), strict=True))
+    drafter, _ = trained_tiny_drafter(model, seqs, block_size=4, mask_id=VOCAB - 1, steps=40, lr=2e-2, anchors=16)
+    path = tmp_path_factory.mktemp("padding_dflash")
+    save_drafter(drafter, path, torch.float32)
+    return path
+
+
+@pytest.mark.parametrize("method", ["none", "ngram", "dflash"])
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
-def test_padded_prefill_matches_eager(method, async_scheduling):
+def test_padded_prefill_matches_eager(method, async_scheduling, drafter_dir):
     """Admission steps (prompt chunks of up to 13 tokens beside decode and verify rows) replay the
     prefill shapes (query 8 or 16, at most 64 tokens) with every chunk padded: same tokens and counters
-    as the engine without graphs, and prefill-length replays really happened (and none past the budget)."""
+    as the engine without graphs, and prefill-length replays really happened (and none past the budget).
+    DFlash reads the padded step's captured target features by the step's token offsets."""
     prompts, params = scenario_prompts(vocab_hi=VOCAB - 12), scenario_params(32)
+    if method == "dflash":
+        method = {**SPECS["dflash"], "model": str(drafter_dir)}
     plain = run_scenario(build(False), method, async_scheduling, prompts, params)
     seen: list[tuple[int, int]] = []
 
