@@ -403,3 +403,28 @@ def test_invariance_rejects_bad_loops(capsys, loops):
     with pytest.raises(SystemExit) as e:
         cli(["bench", "invariance", *BASE, "--loops", loops])
     assert e.value.code == 2 and "loops" in capsys.readouterr().err
+
+
+def test_streamed_steps_account_for_steps_without_outputs(monkeypatch):
+    """In the overlapped loop a step can emit nothing (the first one, an admission step): its time goes
+    into the next recorded step, so the recorded steps add up to every engine.step() (a fake clock that
+    ticks once per reading: each step spans exactly 1)."""
+    import itertools
+    import types
+
+    import torch
+    from tiny import tiny_engine
+
+    from verispec.bench import drive as drive_mod
+    from verispec.core.sampling_params import SamplingParams
+
+    ticks = itertools.count()
+    monkeypatch.setattr(drive_mod, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+    eng = tiny_engine(async_scheduling=True, max_num_seqs=2)
+    calls = []
+    real_step = eng.step
+    eng.step = lambda: calls.append(1) or real_step()
+    sp = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    run = drive_mod.drive(eng, [[3, 4, 5], [6, 7]], [sp, sp], torch.device("cpu"))
+    assert len(run.steps) < len(calls)  # some steps emitted nothing
+    assert sum(st.seconds for st in run.steps) == len(calls)

@@ -152,12 +152,15 @@ def _stream_loop(engine: LLMEngine, index: dict[str, int], t0: float, device: to
     ttft, e2e = [0.0] * n, [0.0] * n
     steps: list[StepRecord] = []
     idle = 0
+    carried = 0.0  # time of steps without outputs (an admission step in the overlapped loop), added to the next
     while engine.has_unfinished_requests():
         ts = time.perf_counter()
         outs = engine.step()
         if per_step_sync:
             sync(device)
         now = time.perf_counter()
+        if not outs:
+            carried += now - ts
         idle = 0 if outs else idle + 1
         _check_progress(idle)
         ctx = new = 0
@@ -174,7 +177,8 @@ def _stream_loop(engine: LLMEngine, index: dict[str, int], t0: float, device: to
             if o.finished:
                 e2e[i] = now - t0
         if outs:
-            steps.append(StepRecord(now - ts, len(outs), ctx, new, prefill))
+            steps.append(StepRecord(now - ts + carried, len(outs), ctx, new, prefill))
+            carried = 0.0
     return outputs, steps, ttft, e2e
 
 
