@@ -229,12 +229,7 @@ class DFlashProposer(Proposer):
                 positions += p
                 slots += sl
         parts, owed_pos, owed_slots = [], [], []
-        for c in self._owed:
-            f, p, sl = c.unwritten()
-            if p:
-                parts.append(f)
-                owed_pos += p
-                owed_slots += sl
+        self._from_chunks(_OwedChunk.unwritten, parts, owed_pos, owed_slots)
         self._owed, self._owed_rows = [], 0
         if rows:
             parts.append(self._gather(rows))
@@ -244,18 +239,24 @@ class DFlashProposer(Proposer):
         """Move one request's deferred and pending context rows (features gathered now: the captured
         buffers are the next step's) to the freed rows, which the next observe() writes."""
         parts, positions, slots = self._freed
-        for c in self._owed:
-            f, p, sl = c.take(request_id)
-            if p:
-                parts.append(f)
-                positions += p
-                slots += sl
-                self._owed_rows -= len(p)
+        self._owed_rows -= self._from_chunks(lambda c: c.take(request_id), parts, positions, slots)
         pend = self._pending.pop(request_id, None)
         if pend is not None:
             parts.append(self._gather(pend[0]))
             positions += pend[1]
             slots += pend[2]
+
+    def _from_chunks(self, pick, parts: list[torch.Tensor], positions: list[int], slots: list[int]) -> int:
+        """Append what pick(chunk) returns of every owed chunk (features, positions, slots); returns the rows."""
+        n = 0
+        for c in self._owed:
+            f, p, sl = pick(c)
+            if p:
+                parts.append(f)
+                positions += p
+                slots += sl
+                n += len(p)
+        return n
 
     def _write_freed(self) -> None:
         """One context forward over every freed request's rows not written yet."""

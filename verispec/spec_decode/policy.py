@@ -84,6 +84,16 @@ class PolicyParams:
             raise ValueError("PolicyParams needs 1 <= probe_min <= probe_max and probe_k >= 1")
 
 
+def count_verification(reach: list, accept: list, num_drafts: int, num_accepted: int) -> None:
+    """Add one verification of num_drafts drafts, num_accepted accepted, to per-position counts (module
+    docstring: reached, accepted)."""
+    n = len(reach)
+    for i in range(min(num_drafts, num_accepted + 1, n)):
+        reach[i] += 1
+    for i in range(min(num_accepted, n)):
+        accept[i] += 1
+
+
 class AcceptanceStats:
     """One request's decayed per-position counts."""
 
@@ -110,10 +120,7 @@ class AcceptanceStats:
             reach[i] *= decay
             accept[i] *= decay
         self.prior_weight *= decay
-        for i in range(min(num_drafts, num_accepted + 1, n)):
-            reach[i] += 1.0
-        for i in range(min(num_accepted, n)):
-            accept[i] += 1.0
+        count_verification(reach, accept, num_drafts, num_accepted)
         self.last_verified = output_index
 
     def conditional(self, prior_mean: float, population: list[float] | None = None) -> list[float]:
@@ -161,11 +168,7 @@ class PopulationStats:
         self._means: tuple[int, list[float]] | None = None
 
     def observe(self, num_drafts: int, num_accepted: int) -> None:
-        n = len(self.reach)
-        for i in range(min(num_drafts, num_accepted + 1, n)):
-            self.reach[i] += 1
-        for i in range(min(num_accepted, n)):
-            self.accept[i] += 1
+        count_verification(self.reach, self.accept, num_drafts, num_accepted)
         self.version += 1
 
     def means(self, prior_mean: float) -> list[float]:
