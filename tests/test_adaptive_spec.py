@@ -5,6 +5,7 @@ changes mid-request, and the two loops agree when requests stop mid-batch."""
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import pytest
 from parity import SPECS
@@ -233,3 +234,63 @@ def test_measured_cost_from_graph_replays():
     own = build_step_cost(m, DraftModelProposer(m, K, "cpu", torch.float32), runner, torch.device("cpu"), measure=True)
     assert own.drafter_kind == AUTOREGRESSIVE and own.drafter_forward is own.target and own.catch_up == K + 1
     assert 0 < own.seconds(0, 4) < own.seconds(K, 4)
+
+
+def test_batch_table_pads_and_interpolates():
+    """BatchTable (a DFlash drafting step's measured times): a batch pads to the next captured size, then
+    interpolates between the measured sizes around it, proportional past the largest."""
+    from verispec.spec_decode.cost import BatchTable
+
+    t = BatchTable({1: 1.0, 4: 2.0, 16: 8.0}, pad_to=(1, 2, 4, 8, 16))
+    assert t(16, 1) == 1.0  # num_tokens plays no part
+    assert t(0, 3) == 2.0  # pads to 4, measured
+    assert t(0, 2) == pytest.approx(1.0 + 1.0 * (2 - 1) / 3)  # pads to 2, between 1 and 4
+    assert t(0, 5) == pytest.approx(2.0 + 6.0 * (8 - 4) / 12)  # pads to 8, between 4 and 16
+    assert t(0, 32) == pytest.approx(8.0 * 32 / 16)  # past every captured size: unpadded, proportional
+    assert BatchTable({1: 1.0, 4: 2.0})(0, 3) == pytest.approx(1.0 + 1.0 * 2 / 3)  # no padding
+    with pytest.raises(ValueError, match="at least one"):
+        BatchTable({})
+
+
+def test_dflash_drafting_step_measured_and_harmless(tmp_path, monkeypatch):
+    """With measure=True the DFlash step cost prices drafting by timing the drafting step itself at
+    batch sizes 1, 4 and the runner's rows (DFlashStepRunner.time_steps, host preparation included, so no
+    separate drafter host term), not the target's forward scaled by the layer share (the analytic
+    default). The timed steps write only scratch: an engine timed first decodes the same tokens with the
+    same counters as one that was not."""
+    import torch
+
+    from verispec.spec_decode import measure
+    from verispec.spec_decode.cost import BLOCK, BatchTable, ScaledForward, ShapeTable
+    from verispec.spec_decode.dflash import save_drafter
+    from verispec.spec_decode.dflash_model import DFlashDrafter, new_config
+
+    model = tiny_model()
+    cfg = new_config(model, "tiny", tiny_config().vocab_size - 1, block_size=5, num_layers=1)
+    d = DFlashDrafter(cfg)
+    d.init_weights(seed=3, std=0.2)
+    save_drafter(d, tmp_path, torch.float32)
+    spec = {"method": "dflash", "model": str(tmp_path), "num_speculative_tokens": 4, "adaptive": False}
+    ps = [[random.Random(i).randrange(100, 3000) for _ in range(12 + i)] for i in range(3)]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    target = ShapeTable({(1, 1): 1e-3, (1, 5): 2e-3}, (1,), (1, 5))
+    monkeypatch.setattr(measure, "measure_graphs", lambda graphs, reps=5: target)
+
+    def run(timed: bool):
+        eng = tiny_engine(model, spec=spec, max_num_seqs=6)
+        if timed:
+            analytic = measure.build_step_cost(model, eng.proposer, eng.runner, torch.device("cpu"), measure=False)
+            assert analytic.drafter_kind == BLOCK and isinstance(analytic.drafter_forward, ScaledForward)
+            cost = measure.build_step_cost(model, eng.proposer, SimpleNamespace(graphs=object()),
+                                           torch.device("cpu"), measure=True)
+            table = cost.drafter_forward
+            assert cost.target is target and isinstance(table, BatchTable)
+            assert set(table.times) == {1, 4, 6} and table.pad_to == () and all(t > 0 for t in table.times.values())
+            assert cost.drafter_host == 0 and cost.drafter_host_per_seq == 0
+            assert cost.drafter(4, 4) == table.times[4] and cost.drafter(0, 4) == 0
+        outs = run_all(eng, ps, params)
+        m = eng.get_metrics()
+        return [o.outputs[0].token_ids for o in outs], m["spec_decode_num_accepted_tokens_per_pos"], m["spec_decode_num_drafts"]
+
+    plain, timed = run(False), run(True)
+    assert plain == timed and plain[2] > 0

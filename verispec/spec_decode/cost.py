@@ -121,6 +121,35 @@ class ShapeTable:
 
 
 @dataclass(frozen=True)
+class BatchTable:
+    """A drafting step's times measured per batch size (DFlash's block-parallel step, whose shape is set by
+    the batch alone): a step of n sequences pads to the smallest of `pad_to` >= n (none: runs as n), and
+    its time is interpolated linearly between the measured batch sizes around it (proportional past the
+    largest). num_tokens is ignored: the block is part of the shape."""
+
+    times: dict[int, float]  # batch -> seconds
+    pad_to: tuple[int, ...] = ()  # captured batch sizes, ascending
+
+    def __post_init__(self) -> None:
+        if not self.times:
+            raise ValueError("BatchTable needs at least one measured batch size")
+
+    def __call__(self, num_tokens: int, num_seqs: int) -> float:
+        n = max(1, num_seqs)
+        b = next((x for x in self.pad_to if x >= n), n)
+        bs = sorted(self.times)
+        i = bisect.bisect_left(bs, b)
+        if i < len(bs) and bs[i] == b:
+            return self.times[b]
+        if i == 0:
+            return self.times[bs[0]]
+        if i == len(bs):
+            return self.times[bs[-1]] * b / bs[-1]
+        lo, hi = bs[i - 1], bs[i]
+        return self.times[lo] + (self.times[hi] - self.times[lo]) * (b - lo) / (hi - lo)
+
+
+@dataclass(frozen=True)
 class ScaledForward:
     """Another forward model times a constant (a drafter priced as a fraction of the target)."""
 

@@ -206,6 +206,28 @@ class DFlashStepRunner:
                                                 causal=False, kv_starts=sec["kv_start"])
         return self._forward(b, ref)[:n]
 
+    @torch.inference_mode()
+    def time_steps(self, batches: list[int], reps: int = 5) -> dict[int, float]:
+        """Seconds of a drafting step of b rows for each b: run() from its host preparation through the
+        device's end (synchronized), over rows that read no context and write only scratch (the padding
+        block); the median of `reps` after one warm-up. The cost model prices drafting with it."""
+        import time
+
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda *_: None)
+        out = {}
+        for b in batches:
+            rows = [DraftRow([], [], [], 0, None, 0, 0, [self.pad_block]) for _ in range(min(b, self.max_rows))]
+            self.run(rows, [], {})
+            sync(self.device)
+            secs = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                self.run(rows, [], {})
+                sync(self.device)
+                secs.append(time.perf_counter() - t0)
+            out[len(rows)] = sorted(secs)[reps // 2]
+        return out
+
 
 class _StepGraphs(GraphRunner):
     """The drafting step's CUDA graphs, one per batch size: GraphRunner over DFlashStepRunner's

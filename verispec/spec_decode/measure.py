@@ -6,11 +6,13 @@ batch sizes among 1, 4, 16, 64, 256 (and the largest), at the captured query len
 9, 17 (and the largest: the ShapeTable interpolates the others),
 a few replays of the graph over padding rows only (their K/V go to the scratch block), the median time
 of each (a ShapeTable). A draft model's forward (draft_model) is measured the same way on its own
-graphs; "self" reuses the target's table; a DFlash drafter is priced as the target's forward over its
-block scaled by the drafter's share of the layers. Times are rounded to a grid of 2^(1/16) (~4%),
+graphs; "self" reuses the target's table; a DFlash drafting step is timed whole per batch size
+(its host preparation, context write, drafter and LM head: DFlashStepRunner.time_steps, a BatchTable; it
+was priced as the target's forward scaled by the drafter's share of the layers, which missed its LM head
+over every draft row and its host work, and so drafted where drafting lost). Times are rounded to a grid of 2^(1/16) (~4%),
 so that engines built alike on one GPU usually get one table (the sync / async parity runs build two).
 
-CPU, and CUDA without graphs: an *analytic* default, LinearForward from the model's parameter count
+CPU, and CUDA without graphs: an *analytic* default (DFlash: the target's scaled by the layer share), LinearForward from the model's parameter count
 and bytes and assumed device rates (DeviceRates): a forward costs launches per layer plus one read of
 the weights, plus the matmul FLOPs of its tokens. It is deterministic, so two engines built alike decide
 alike (the CPU parity gates compare separately built engines); it does not know the machine's speed,
@@ -32,6 +34,7 @@ from verispec.spec_decode.cost import (
     AUTOREGRESSIVE,
     BLOCK,
     HOST,
+    BatchTable,
     ForwardCost,
     LinearForward,
     ModeledStepCost,
@@ -108,6 +111,16 @@ def measure_graphs(graphs, reps: int = 5) -> ShapeTable:
     return ShapeTable(times, tuple(sizes), tuple(graphs.query_lens))
 
 
+def measure_drafting(step, reps: int = 5) -> BatchTable:
+    """Time a DFlash drafting step (dflash_step.DFlashStepRunner) at its captured batch sizes among
+    MEASURED_BATCHES and the largest (without graphs: 1, 4, 16, 64 up to its rows, and its rows), each rounded
+    like the target's shapes."""
+    sizes = list(step.batch_sizes) or sorted({b for b in MEASURED_BATCHES if b <= step.max_rows} | {step.max_rows})
+    batches = sorted({b for b in sizes if b in MEASURED_BATCHES} | {sizes[-1]})
+    times = step.time_steps(batches, reps)
+    return BatchTable({b: _rounded(t) for b, t in times.items()}, tuple(step.batch_sizes))
+
+
 def build_step_cost(model: torch.nn.Module, proposer, runner, device: torch.device,
                     measure: bool | None = None) -> ModeledStepCost:
     """The step cost of an engine: its target `model` run by `runner` and its `proposer` (a Proposer;
@@ -136,7 +149,12 @@ def build_step_cost(model: torch.nn.Module, proposer, runner, device: torch.devi
         return ModeledStepCost(drafter_kind=AUTOREGRESSIVE, drafter_forward=fwd, catch_up=proposer.k + 1, **common)
     if isinstance(proposer, DFlashProposer):
         cfg = proposer.drafter.config
-        base = target.linear() if isinstance(target, ShapeTable) else target
-        fwd = ScaledForward(base, (cfg.num_layers + 1) / (layers + 1))
+        if measure and proposer.step is not None:
+            # measured: the whole drafting step, host preparation included (so no separate host term)
+            fwd: ForwardCost = measure_drafting(proposer.step)
+            common.update(drafter_host=0.0, drafter_host_per_seq=0.0)
+        else:
+            base = target.linear() if isinstance(target, ShapeTable) else target
+            fwd = ScaledForward(base, (cfg.num_layers + 1) / (layers + 1))
         return ModeledStepCost(drafter_kind=BLOCK, drafter_forward=fwd, catch_up=cfg.block_size, **common)
     return ModeledStepCost(drafter_kind=HOST, host_per_request=rates.ngram_per_request, **common)
