@@ -194,10 +194,14 @@ def run_spec(bm: BenchModel, methods: list[str], batch_sizes: list[int], output_
             # tokens per prompt left ~1 s compiles in the timed speculative runs, session 9).
             drive(engine, ids, [greedy(output_len)] * len(ids), bm.device)
             runs = [drive(engine, ids, [greedy(output_len)] * len(ids), bm.device) for _ in range(repeats)]
+            policy = getattr(engine, "policy", None)
+            # the adaptive policy's step cost at this batch size, k = 0..max (what it weighed drafts against)
+            cost_ms = [round(1e3 * c, 3) for c in policy.step_costs(b)] if policy is not None else None
             del engine
             free_memory()
             row, i = median_row([_row(bm, method, b, mk, run) for run in runs])
             row["adaptive"] = adaptive if method != "none" else None
+            row["cost_ms"] = cost_ms
             outputs[(method, b)] = runs[i].outputs
             base = outputs[("none", b)]
             diffs = [_diff(r.outputs, base) for r in runs]  # every run, not only the median one
@@ -212,7 +216,7 @@ def run_spec(bm: BenchModel, methods: list[str], batch_sizes: list[int], output_
             print(f"  {method:12} batch {b:3}: {row['tok_s']:9.1f} tok/s, mean k {row['mean_k']:.2f}, "
                   f"{row['mismatches']} mismatches, {row['num_steps']} steps (p50 {row.get('step_ms_p50', 0):.2f} ms, "
                   f"max {row.get('step_ms_max', 0):.1f} ms, {row.get('slow_steps', 0)} slow: "
-                  f"{row.get('slow_s', 0):.2f} s)", flush=True)
+                  f"{row.get('slow_s', 0):.2f} s)" + (f"; modeled step ms by k: {cost_ms}" if cost_ms else ""), flush=True)
     if tmp is not None:
         tmp.cleanup()
     peers = []
