@@ -15,6 +15,8 @@
 #   cost       scripts/gpu_gates.sh phase B (the batch_invariant cost, timed);
 #   structured scripts/gpu_structured.sh (tok/s with and without a JSON schema);
 #   invariance scripts/gpu_invariance.sh beside training (issue 18's bf16 must-shows, ~6 min, untimed);
+#   k0         `bench spec --random-weights` none / ngram / dflash (untrained) at batch 1 and 64: what k = 0 costs;
+#   quant_lite `bench latency` at batch 1, quantization none vs gguf, on the 1.5B (~2 min);
 #   gguf / quant scripts/gpu_gguf.sh (~4 min) and scripts/gpu_quant.sh (~12 min): issue 20 on the GPU.
 # The whole list is far over one 30-minute lease: pick with SKIP (e.g. SKIP="gemma gates verify small_m cost
 # structured gguf" for training + invariance + both prompt sets + quant).
@@ -64,7 +66,7 @@ if want train; then
   train=$!
 fi
 staged $D
-if want tests; then
+tests_stage() {
   mark tests
   # One process per test file: a device-side assert aborts only its own file, and the modules that
   # import server packages the GPU machine lacks are skipped. The gate files are gpu_gates.sh's.
@@ -77,11 +79,14 @@ if want tests; then
   for f in "$R"/tests/*.log; do echo "$(basename "$f"): $(grep -E "passed|failed|error|skipped" "$f" | tail -1) $(tail -1 "$f")"; done \
     > "$R/pytest_gpu.txt"
   mark "tests done"
-fi
+}
+# The GPU tests and issue 18's bf16 must-shows (bench invariance in both loops, the bf16 invariant gates,
+# the fault table) side by side, both beside training (untimed; they need both models).
+tests_pid=
+if want tests; then tests_stage & tests_pid=$!; fi
 GATES_PHASE=A PAR=4 BUDGET_S=600 helper gates scripts/gpu_gates.sh
-# issue 18's bf16 must-shows (bench invariance in both loops, the bf16 invariant gates, the fault table):
-# untimed, so beside training; it needs both models
-DFLASH= BUDGET_S=360 helper invariance scripts/gpu_invariance.sh
+DFLASH= BUDGET_S=${INV_BUDGET_S:-360} helper invariance scripts/gpu_invariance.sh
+[ -n "$tests_pid" ] && wait "$tests_pid"
 if want train; then
   wait "$train"
   mark "train done rc=$?"
@@ -104,6 +109,20 @@ then
 fi
 want heldout && { mark heldout; spec heldout "${PROMPTS:-prompts/heldout_requests.jsonl}" none,ngram,draft_model,dflash 1,4,16,64; mark "heldout done rc=$?"; }
 want humaneval && { mark humaneval; spec humaneval humaneval.jsonl none,ngram,draft_model,dflash 1,4,16,64; mark "humaneval done rc=$?"; }
+# What k = 0 costs each method (random weights, an untrained DFlash drafter: the policy settles at 0)
+want k0 && { mark k0; $V bench spec --random-weights --model $M --methods none,ngram,dflash --dflash-model random \
+  --batch-sizes 1,64 --num-prompts 24 --output-len 128 --repeats 1 --waves 2 --json "$R/spec_k0.json" \
+  > "$R/spec_k0.log" 2>&1; mark "k0 done rc=$?"; }
+# quantization="gguf" against the bf16 path at batch 1 on the 1.5B (issue 20; gpu_quant.sh is the full run)
+if want quant_lite; then
+  mark quant_lite
+  for q in none gguf; do
+    timeout 240 $V bench latency --model /tmp/models/$M.gguf --device cuda --quantization $q --batch-sizes 1 \
+      --input-len 128 --output-len 256 --num-iters 3 > "$R/latency_$q.log" 2>&1
+    echo "rc=$?" >> "$R/latency_$q.log"
+  done
+  mark "quant_lite done"
+fi
 GATES_PHASE=B BUDGET_S=160 helper cost scripts/gpu_gates.sh
 helper gguf scripts/gpu_gguf.sh
 helper quant scripts/gpu_quant.sh
