@@ -112,6 +112,45 @@ def test_padded_prefill_matches_eager(method, async_scheduling, drafter_dir):
     assert padded[3].runner.eager_steps < plain[3].runner.eager_steps
 
 
+@pytest.mark.parametrize(("method", "async_scheduling"), [("none", False), ("ngram", True), ("dflash", True)],
+                         ids=["none-sync", "ngram-async", "dflash-async"])
+def test_split_admission_steps_match_eager(method, async_scheduling, drafter_dir):
+    """An admission step that no graph fits whole (its prompt chunk, padded together with every decode
+    row, is past a 16-token prefill budget) replays as two graphs: the decode / verify rows, then the
+    prompt chunks (batch.split_for_graphs). Same tokens and counters as the engine without graphs, and
+    split replays really happened; the captured features DFlash reads are the two parts' in step order."""
+    prompts, params = scenario_prompts(vocab_hi=VOCAB - 12), scenario_params(32)
+    if method == "dflash":
+        method = {**SPECS["dflash"], "model": str(drafter_dir)}
+    plain = run_scenario(build(False), method, async_scheduling, prompts, params)
+    split = run_scenario(build(True, prefill_lens=(8, 16), prefill_max_tokens=16), method, async_scheduling,
+                         prompts, params)
+    assert split[0] == plain[0]
+    assert split[1] == plain[1]
+    r = split[3].runner
+    assert r.split_steps >= 3 and r.graph_steps > r.split_steps
+
+
+def test_split_point():
+    """split_for_graphs: the rows before the first prompt chunk, each part at the query length its graph
+    replays; no split where the step starts with a prompt chunk or a part fits no graph."""
+    from types import SimpleNamespace
+
+    from verispec.worker.batch import split_for_graphs
+
+    def rows(*spec):  # (new tokens, drafts) per row
+        return [SimpleNamespace(num_new_tokens=n, num_draft_tokens=k) for n, k in spec]
+
+    def fit(num_seqs, longest):  # graphs of query 1 and 4 at any batch, 16 up to 2 rows
+        return next((q for q in (1, 4, 16) if q >= longest and (q < 16 or num_seqs <= 2)), None)
+
+    assert split_for_graphs(rows((1, 0), (4, 3), (1, 0), (9, 0)), fit) == (3, 4, 16)
+    assert split_for_graphs(rows((1, 0), (1, 0), (12, 0), (3, 0)), fit) == (2, 1, 16)
+    assert split_for_graphs(rows((9, 0), (1, 0)), fit) is None  # a prompt chunk first
+    assert split_for_graphs(rows((1, 0), (9, 0), (9, 0), (9, 0)), fit) is None  # 3 chunks: no graph
+    assert split_for_graphs(rows((1, 0), (20, 0)), fit) is None  # longer than any graph
+
+
 def test_prefill_shapes_within_budget():
     """The runner's shapes: every batch at the decode / verify lengths, a prefill length only where
     batch * length fits prefill_max_tokens; padded_query_len picks the shortest shape that fits."""

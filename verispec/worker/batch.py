@@ -45,6 +45,9 @@ class HostBatch:
     # Input positions of each sampling request's drafts (may be left empty when none has drafts).
     draft_pos: list[range] = field(default_factory=list)
     offsets: dict[str, int] = field(default_factory=dict)
+    # A step no single graph fits, replayed as two that do (split_for_graphs): (rows of the first part,
+    # its query length, the second part's); None: one forward.
+    split: tuple[int, int, int] | None = None
 
 
 class StagePlan(NamedTuple):
@@ -82,25 +85,52 @@ def padded_query_len(scheduled: list[ScheduledRequest], graph_fit: GraphFit | No
     return graph_fit(len(scheduled), longest) or 0
 
 
-def build_host_batch(sched: SchedulerOutput, block_size: int, graph_fit: GraphFit | None = None) -> HostBatch:
+def split_for_graphs(scheduled: list[ScheduledRequest], graph_fit: GraphFit) -> tuple[int, int, int] | None:
+    """Where a step that no single graph fits (an admission step whose prompt chunk, padded with every
+    decode row to its length, is past the prefill graphs' token budget) splits into two replays that
+    do: the rows before the first prompt chunk (more than one known token: decode and verify rows,
+    which the scheduler puts first) and the rest. (rows of the first part, its query length, the
+    second's), or None where either part fits no graph."""
+    j = next((i for i, s in enumerate(scheduled) if s.num_new_tokens - s.num_draft_tokens > 1), 0)
+    if j == 0:
+        return None
+    q_a = graph_fit(j, max(s.num_new_tokens for s in scheduled[:j]))
+    q_b = graph_fit(len(scheduled) - j, max(s.num_new_tokens for s in scheduled[j:]))
+    return (j, q_a, q_b) if q_a and q_b else None
+
+
+def build_host_batch(sched: SchedulerOutput, block_size: int, graph_fit: GraphFit | None = None,
+                     split: bool = False) -> HostBatch:
     """Host lists for a step: ids (PLACEHOLDER where only the device knows the value), their
     owners, positions, cache slots, attention lengths, logit rows and draft positions. Chunks of a
-    step that a verify graph can replay are padded to its query length (pad_before). Records
-    each sampling request's output_base (its output length now) on its ScheduledRequest."""
+    step that a verify graph can replay are padded to its query length (pad_before); with split, a
+    step no graph fits whole but two do (split_for_graphs) is padded part by part (HostBatch.split).
+    Records each sampling request's output_base (its output length now) on its ScheduledRequest."""
     if decode_only(sched.scheduled):
         return assemble_decode(sched.scheduled, block_size)
-    return assemble_chunks(sched.scheduled, block_size, padded_query_len(sched.scheduled, graph_fit))
+    q_pad = padded_query_len(sched.scheduled, graph_fit)
+    if q_pad == 0 and split and graph_fit is not None:
+        parts = split_for_graphs(sched.scheduled, graph_fit)
+        if parts is not None:
+            hb = assemble_chunks(sched.scheduled, block_size, parts[1], tail=(parts[0], parts[2]))
+            hb.split = parts
+            return hb
+    return assemble_chunks(sched.scheduled, block_size, q_pad)
 
 
-def assemble_chunks(scheduled: list[ScheduledRequest], block_size: int, q_pad: int = 0) -> HostBatch:
+def assemble_chunks(scheduled: list[ScheduledRequest], block_size: int, q_pad: int = 0,
+                    tail: tuple[int, int] | None = None) -> HostBatch:
     """build_host_batch for any step (prefill chunks, drafts, padding), request by request; every
-    chunk shorter than q_pad gets padding queries in front of it."""
+    chunk shorter than q_pad gets padding queries in front of it (tail = (row, q): from that row on,
+    shorter than q)."""
     hb = HostBatch()
-    for s in scheduled:
+    for i, s in enumerate(scheduled):
         req = s.request
         rid = req.request_id
         k, n = s.num_draft_tokens, s.num_new_tokens
         n_known = n - k
+        if tail is not None and i == tail[0]:
+            q_pad = tail[1]
         if q_pad > n:
             pad_before(hb, s.start, q_pad - n)
         offset = len(hb.ids)

@@ -325,6 +325,11 @@ class CudaGraphRunner(GraphRunner):
             return None
         return next((q for q in self._all_query_lens if q >= longest and self.allowed(b, q)), None)
 
+    def fits(self, num_seqs: int, query_len: int) -> bool:
+        """Whether a graph replays num_seqs sequences of query_len tokens each."""
+        b = self.padded_batch(num_seqs)
+        return b is not None and self.allowed(b, query_len)
+
     @torch.inference_mode()
     def run(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, num_seqs: int, query_len: int,

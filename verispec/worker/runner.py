@@ -75,7 +75,8 @@ class ModelRunner:
         self.verifier = Verifier(device, seed, audit_rate, faults)
         self.graphs = None
         # Steps that replayed a graph (padded_steps of them with padding queries) or ran eagerly.
-        self.graph_steps = self.padded_steps = self.eager_steps = 0
+        # split_steps: those replayed as two graphs (batch.split_for_graphs).
+        self.graph_steps = self.padded_steps = self.eager_steps = self.split_steps = 0
         self.staging = Staging(device)
         self._mirrors = HostMirrors(device)
         if device.type == "cuda":
@@ -106,7 +107,9 @@ class ModelRunner:
         device and start one device->host copy of the results. Never waits for the device.
         sources: device buffers holding the values of the step's placeholders ("out": the previous
         step's tokens, "draft": the proposer's drafts)."""
-        hb = build_host_batch(sched, self.block_size, self.graphs.padded_query_len if self.graphs else None)
+        # (No split replays with TP: every rank must run the same forwards, and its followers run one.)
+        hb = build_host_batch(sched, self.block_size, self.graphs.padded_query_len if self.graphs else None,
+                              split=self.tp is None)
         inp, ph = self._prepare(hb, self._fault_sources(sched, sources))
         hidden, captured = self._forward(inp, ph, hb, sched)
         handle = StepHandle(sched, hb.sampling, captured, hb.offsets)
@@ -167,8 +170,46 @@ class ModelRunner:
             ph = None
         if self.tp is not None:
             self.tp.send_step(pack_step(inp.ids, inp.positions, inp.meta, inp.logit_rows, bool(hb.sampling)))
-        return self._run_model(inp.ids, inp.positions, inp.meta, len(hb.query_lens), ph,
-                               len(hb.ids) > sched.num_tokens)
+        padded = len(hb.ids) > sched.num_tokens
+        if hb.split is not None and self.graphs:
+            out = self._run_split(inp.ids, inp.positions, inp.meta, hb.split, ph)
+            if out is not None:
+                self.graph_steps += 1
+                self.split_steps += 1
+                self.padded_steps += padded
+                return out
+            ph = None  # (filled by _run_split)
+        return self._run_model(inp.ids, inp.positions, inp.meta, len(hb.query_lens), ph, padded)
+
+    def _run_split(self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                   split: tuple[int, int, int], ph: Placeholders | None) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
+        """A step as two graph replays (HostBatch.split: rows [0, n_a) of q_a queries, then the rest of
+        q_b): the requests are independent, so each part's forward is the whole step's over its rows.
+        The hidden states land in one tensor (the first part's copied out before the second replays: the
+        graphs share their input buffers); the captured features are private copies already. Placeholders
+        are filled first. None (with the placeholders filled) when a part fits no graph after all."""
+        n_a, q_a, q_b = split
+        t_a, n = n_a * q_a, meta.seq_lens.shape[0]
+        if ph is not None:
+            fill_placeholders(ids, ph)
+        if not (self.graphs.fits(n_a, q_a) and self.graphs.fits(n - n_a, q_b)):
+            return None
+        hidden = captured = None
+        for rows, toks, q, qsl in ((slice(0, n_a), slice(0, t_a), q_a, meta.query_start_loc[: n_a + 1]),
+                                   (slice(n_a, n), slice(t_a, None), q_b, meta.query_start_loc[n_a:] - t_a)):
+            part = AttentionMetadata(slot_mapping=meta.slot_mapping[toks], query_start_loc=qsl,
+                                     seq_lens=meta.seq_lens[rows], block_tables=meta.block_tables[rows],
+                                     max_query_len=q, max_seq_len=meta.max_seq_len, block_size=meta.block_size)
+            out = self.graphs.run(ids[toks], positions[toks], part, rows.stop - rows.start, q)
+            if out is None:
+                return None
+            if hidden is None:
+                hidden = out.hidden.new_empty((ids.shape[0], out.hidden.shape[1]))
+                captured = [c.new_empty((ids.shape[0], c.shape[1])) for c in out.captured]
+            hidden[toks].copy_(out.hidden)
+            for dst, c in zip(captured, out.captured, strict=True):
+                dst[toks].copy_(c)
+        return hidden, captured
 
     def _run_model(self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, num_seqs: int,
                    ph: Placeholders | None, padded: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
