@@ -316,3 +316,39 @@ def test_stage_kernel_without_writeback_leaves_the_step_ids():
                            writeback=writeback)
         assert runner.input_ids[:6].tolist() == [5, 100, 102, 7, 101, 9]
         assert step.tolist() == want_step
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["none", "ngram"])
+def test_split_admission_steps_on_cuda(method):
+    """On CUDA (float32, where a row's result does not depend on the step's shape): batch 16 with
+    prompts of 130-250 tokens admitted while others decode, so an admission step padded whole would be
+    16 x 256 tokens, past the 2,048-token prefill budget, and replays as two graphs instead (the staging
+    kernel over the second part's shifted offsets). Same tokens as the eager engine."""
+    import random
+
+    from tiny import real_tokenizer, run_all
+
+    from verispec import SamplingParams
+    from verispec.config import EngineConfig, SpeculativeConfig
+    from verispec.engine.builder import assemble_parts
+    from verispec.engine.engine import LLMEngine
+    from verispec.models.kernel_path import enable_triton
+
+    model = tiny_model(tiny_config(vocab=VOCAB)).to("cuda")
+    enable_triton(model)
+    rng = random.Random(5)
+    prompts = [[rng.randrange(10, VOCAB - 12) for _ in range(rng.randrange(130, 250))] for _ in range(24)]
+    params = [SamplingParams(temperature=0.0, max_tokens=rng.randrange(8, 40), ignore_eos=True) for _ in prompts]
+    spec = None if method == "none" else {**SPECS["ngram"]}
+
+    def run(eager: bool):
+        cfg = EngineConfig(model="tiny", device="cuda", dtype="float32", max_num_batched_tokens=512,
+                           num_gpu_blocks=1024, max_num_seqs=16, async_scheduling=True, enforce_eager=eager,
+                           speculative_config=SpeculativeConfig.from_dict(spec))
+        eng = LLMEngine(cfg, assemble_parts(cfg, real_tokenizer(), model, torch.device("cuda"), torch.float32))
+        return [o.outputs[0].token_ids for o in run_all(eng, prompts, params)], eng.runner
+
+    (graphed, runner), (eager, _) = run(False), run(True)
+    assert graphed == eager
+    assert runner.split_steps >= 3
