@@ -175,19 +175,19 @@ def test_dflash_defers_context_of_undrafted_steps(models, dflash_dir, monkeypatc
         return out
 
     monkeypatch.setattr(dflash.DFlashProposer, "_draft_logits", recording)
-    gathers, per_defer = [], []  # an undrafted step gathers its features once, whatever the batch
-    real_gather, real_defer = dflash.DFlashProposer._gather, dflash.DFlashProposer._defer_context
+    uploads, per_defer = [], []  # an undrafted step runs no device op: no upload, no gather, no write
+    real_upload, real_defer = dflash.to_device, dflash.DFlashProposer._defer_context
 
-    def counting_gather(self, rows):
-        gathers.append(len(rows))
-        return real_gather(self, rows)
+    def counting_upload(*a, **kw):
+        uploads.append(1)
+        return real_upload(*a, **kw)
 
     def counting_defer(self):
-        n, reqs = len(gathers), len(self._pending)
+        n, w, reqs = len(uploads), len(calls), len(self._pending)
         real_defer(self)
-        per_defer.append((reqs, len(gathers) - n))
+        per_defer.append((reqs, len(uploads) - n + len(calls) - w))
 
-    monkeypatch.setattr(dflash.DFlashProposer, "_gather", counting_gather)
+    monkeypatch.setattr(dflash, "to_device", counting_upload)
     monkeypatch.setattr(dflash.DFlashProposer, "_defer_context", counting_defer)
     prompts, params = scenario_prompts(vocab_hi=VOCAB - 12), scenario_params(32)
 
@@ -205,7 +205,7 @@ def test_dflash_defers_context_of_undrafted_steps(models, dflash_dir, monkeypatc
         cells[cap] = (toks, counters, len(calls), list(logits))
         if cap == default:
             several = [g for reqs, g in per_defer if reqs > 1]
-            assert several and all(g == 1 for g in several)  # one gather for all of a step's requests
+            assert several and all(g == 0 for g in several)  # the features stay in the step's captured tensors
     (d_toks, d_c, d_calls, d_logits), (i_toks, i_c, i_calls, i_logits) = cells[default], cells[-1]
     assert d_toks == i_toks
     assert d_c == i_c
