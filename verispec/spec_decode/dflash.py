@@ -104,13 +104,12 @@ class DFlashProposer(Proposer):
         # bookkeeping only (a step planned at 0 runs no device op here, whatever the batch). Written in one
         # forward before the next step that drafts (for every request: a prefix hit may read another
         # request's blocks) or once OWED_MAX_ROWS pile up. A freed request's spans leave (its blocks may go
-        # to another request, whose rows would land in the same slots): those of blocks in block_hash (a
+        # to another request, whose rows would land in the same slots): those of its complete blocks (a
         # prefix hit may count on them) are written with every other request's freed since, in one forward
-        # at the start of the next observe(), before any later drafter write or read; the rest are dropped
-        # (no request can read them). The live requests' rows are not written then, so the forwards that
-        # write them are the same in both loops (block_hash differs between the loops: see the module
-        # docstring). So a step in which requests finish runs at most one context forward, none when no
-        # finished request owes a recorded block.
+        # at the start of the next observe(), before any later drafter write or read; those of its last,
+        # incomplete block are dropped (no request can read them). The live requests' rows are not written
+        # then, so the forwards that write them are the same whoever finished. So a step in which requests
+        # finish runs at most one context forward, none when no finished request owes a complete block.
         self._owed: dict[str, list[_Span]] = {}
         self._owed_rows = 0
         self._freed: list[_Span] = []
@@ -125,11 +124,12 @@ class DFlashProposer(Proposer):
         self.kv = self.step.kv  # per layer [2, slots, KH, D]: the engine's blocks, then scratch
 
     def free_request(self, request_id: str) -> None:
-        self.state.pop(request_id, None)
+        st = self.state.pop(request_id, None)
         self.generators.free(request_id)
-        # Its context K/V not written yet that a prefix hit may read (block_hash) are written at the next
-        # observe(), with those of every request freed before it; the rest are dropped (_take_request).
-        self._take_request(request_id)
+        # Its context K/V not written yet of its complete blocks (a prefix hit may read those) are written at
+        # the next observe(), with those of every request freed before it; the rest are dropped
+        # (_take_request).
+        self._take_request(request_id, st)
 
     def consumed(self, request_id: str) -> int | None:
         """Positions of the request whose context the drafter holds (None: unknown request)."""
@@ -203,11 +203,13 @@ class DFlashProposer(Proposer):
         self._owed, self._owed_rows = {}, 0
         self._write_spans(spans)
 
-    def _take_request(self, request_id: str) -> None:
-        """Take one request's deferred and pending context rows out: those of blocks in block_hash (a
-        prefix hit may read them) go to the freed rows, which the next observe() writes; the others (a
-        block's rows before it completed, or a block never recorded: e.g. one holding an output token the
-        overlapped loop collected later) are dropped: no request can read them."""
+    def _take_request(self, request_id: str, st: _ReqState | None) -> None:
+        """Take one request's deferred and pending context rows out: those of its complete blocks (only
+        those can be in block_hash, so a prefix hit may read them) go to the freed rows, which the next
+        observe() writes; those of its last, incomplete block are dropped: no request can read them.
+        (Complete, not recorded in block_hash: that differs between the loops, where an output token was
+        collected later, and what a context forward writes must not, as its rows' values may depend on
+        the other rows of the forward on the GPU.)"""
         spans = self._owed.pop(request_id, [])
         self._owed_rows -= sum(hi - lo for _, _, lo, hi, _ in spans)
         pend = self._pending.pop(request_id, None)
@@ -219,7 +221,7 @@ class DFlashProposer(Proposer):
             while p < hi:  # per block of the span
                 i = p // bs
                 end, block = min(hi, (i + 1) * bs), blocks[i - lo // bs]
-                if block in self.block_hash:
+                if st is not None and (i + 1) * bs <= st.consumed:
                     self._freed.append((cap, row + p - lo, p, end, [block]))
                 else:
                     self.dropped_rows += end - p

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Issue 17, what DFlash costs while the policy plans k = 0: an untrained (random) drafter, so the policy
+# settles at k = 0 and the dflash row is what k = 0 (plus its probes) costs against plain decoding, measured
+# in the same process. Session 13 change: the owed context of undrafted steps is kept as spans over the
+# steps' captured tensors (no device op per k = 0 step, one gather per context forward), and a finished
+# request's owed rows are written only for blocks in block_hash (the rest dropped).
+# GPU budget: ~2 minutes (random 1.5B weights, no model file; 3 methods x 2 batch sizes x warm-up + 1 timed
+# run, 24 x 128 tokens), at most 6 minutes (timeout 360 s). Then the CPU host-time probe (~1 min).
+#
+# usage (repo root): PYTHONPATH=/tmp/site:$PWD VERISPEC_CACHE_DIR=/tmp/vcache scripts/gpu_dflash_k0.sh
+# CPU dry run (tiny sizes; checks the command line):
+#   DEVICE=cpu CONFIG='{"num_layers": 2}' NUM_PROMPTS=2 OUTPUT_LEN=6 BATCHES=1,2 scripts/gpu_dflash_k0.sh
+#
+# Before (session 12 code, H200): b1 none 894.7 tok/s, dflash 848.5 = 0.95x; b64 none 21,940, dflash 19,757
+# = 0.90x. Prediction: b1 >= 0.97x, b64 >= 0.96x (the per-finished-request gathers, ~one H2D index upload and
+# gather per owed chunk per finished request, are gone; what stays is the probes and the 4096-row flushes).
+set -uo pipefail
+extra=()
+if [ -n "${CONFIG:-}" ]; then extra+=(--model-overrides "$CONFIG"); fi
+echo "=== bench spec, random weights, dflash k = 0, device ${DEVICE:-cuda}"
+timeout "${TIMEOUT:-360}" python3 -m verispec.entrypoints.cli bench spec --random-weights \
+  --model "${TARGET:-qwen2.5-coder-1.5b-instruct}" --device "${DEVICE:-cuda}" --methods none,ngram,dflash \
+  --dflash-model random --batch-sizes "${BATCHES:-1,64}" --num-prompts "${NUM_PROMPTS:-24}" \
+  --output-len "${OUTPUT_LEN:-128}" --repeats 1 --waves 2 "${extra[@]}" 2>&1 | tail -n 30
+echo "=== host time per k = 0 step (CPU, tiny model): proposer ms/step, context forwards"
+timeout 300 python3 scripts/dflash_k0.py --steps 200 --repeats 2 2>&1 | tail -n 4
