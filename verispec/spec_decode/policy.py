@@ -262,11 +262,11 @@ class SpeculationPolicy:
         if not request_ids:
             return 0
         costs = self.step_costs(max(1, batch or len(request_ids)))
-        per = [self.expected_tokens(r) for r in request_ids]
+        cols = list(zip(*[self.expected_tokens(r) for r in request_ids], strict=True))  # cols[k]: each 1 + L(k)
         gain = 1.0 + self.params.min_gain
-        best_k, best = 0, len(per) / costs[0]
+        best_k, best = 0, len(request_ids) / costs[0]
         for k in range(1, self.max_k + 1):
-            rate = math.fsum(t[k] for t in per) / costs[k]
+            rate = math.fsum(cols[k]) / costs[k]
             if rate > best * gain:
                 best_k, best = k, rate
         return best_k
