@@ -74,6 +74,20 @@ OWED_MAX_ROWS = 4096  # deferred context rows (DFlashProposer._owed) past which 
 _Span = tuple[list[torch.Tensor], int, int, int, list[int]]
 
 
+def _joined(captured: list[torch.Tensor]) -> torch.Tensor | None:
+    """The [t, sum of widths] tensor whose column blocks the captured layers are, in order, if they are
+    (worker/graphs.py private_rows: one copy for all layers), else None."""
+    base = captured[0]._base
+    if base is None or base.dim() != 2 or base.shape[0] != captured[0].shape[0]:
+        return None
+    col = 0
+    for c in captured:
+        if c._base is not base or c.data_ptr() != base.data_ptr() + col * base.element_size():
+            return None
+        col += c.shape[-1]
+    return base if col == base.shape[1] else None
+
+
 class DFlashProposer(Proposer):
     """Drafts min(k, B-1) tokens per request from one block-parallel drafter forward. Drafts stay
     on the device (Proposal.device); the block's first token is read from the device when the host
@@ -251,8 +265,11 @@ class DFlashProposer(Proposer):
             first = lo // bs
             slots += [blocks[p // bs - first] * bs + p % bs for p in range(lo, hi)]
         m = len(rows)
+        flat = [_joined(c) for c in steps]
         if len(steps) == 1:
-            layers = steps[0]
+            layers = flat if flat[0] is not None else steps[0]
+        elif all(f is not None for f in flat):
+            layers = [torch.cat(flat)]
         else:
             layers = [torch.cat([c[j] for c in steps]) for j in range(len(steps[0]))]
         ints = to_device(rows + positions + slots, torch.long, self.device)
