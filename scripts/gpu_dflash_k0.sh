@@ -11,9 +11,15 @@
 # CPU dry run (tiny sizes; checks the command line):
 #   DEVICE=cpu CONFIG='{"num_layers": 2}' NUM_PROMPTS=2 OUTPUT_LEN=6 BATCHES=1,2 scripts/gpu_dflash_k0.sh
 #
-# Before (session 12 code, H200): b1 none 894.7 tok/s, dflash 848.5 = 0.95x; b64 none 21,940, dflash 19,757
-# = 0.90x. Prediction: b1 >= 0.97x, b64 >= 0.96x (the per-finished-request gathers, ~one H2D index upload and
-# gather per owed chunk per finished request, are gone; what stays is the probes and the 4096-row flushes).
+# Before (session 12 code, H200): b1 none 894.7 tok/s, dflash 848.5 = 0.95x (p50 1.12 vs 1.10 ms); b64 none
+# 21,940, dflash 19,757 = 0.90x (p50 1.99 vs 1.92 ms). What went: (1) a finished request's owed rows were
+# taken out of every owed chunk with one index upload + gather each (~32 chunks per finished request at b64,
+# ~0.5 finishes per step: ~0.3 ms of host per step, the b64 loss); now host bookkeeping only, and one context
+# forward per step with finishes (rows of complete blocks; the last block's dropped); (2) every step at
+# k = 0 ran a clone per captured layer (5) plus a cat, now one copy (graphs.private_rows) and nothing in
+# the proposer; (3) probes no closer than probe_floor(batch) (~100 plain steps on the H200's costs) instead
+# of 8, 16, 32, 64; (4) the policy's best_k sums per column. Prediction: b1 >= 0.98x (p50 within 0.01 ms
+# of none), b64 >= 0.97x; ngram unchanged (1.00x / 1.05x).
 set -uo pipefail
 extra=()
 if [ -n "${CONFIG:-}" ]; then extra+=(--model-overrides "$CONFIG"); fi
