@@ -225,11 +225,9 @@ class DraftsNeverPay:
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
-def test_dflash_requests_finishing_together_share_one_context_write(models, dflash_dir, monkeypatch,
-                                                                    async_scheduling):
-    """Four requests that never draft finish in the same step: their deferred context K/V that a prefix
-    hit may read (blocks in block_hash) are written in one drafter forward at the next step's observe (not
-    one per finished request), the rest are never written, and nothing else writes context. Tokens equal
+def test_dflash_finished_requests_write_no_context_at_k0(models, dflash_dir, monkeypatch, async_scheduling):
+    """Four requests that never draft finish in the same step, a fifth later: no drafter context forward
+    runs at all (their complete blocks' rows wait for a drafting step, the rest are dropped). Tokens equal
     plain decoding's."""
     from verispec import SamplingParams
     from verispec.spec_decode import dflash_model
@@ -253,17 +251,19 @@ def test_dflash_requests_finishing_together_share_one_context_write(models, dfla
                                                      prompts, params)]
     assert out == plain
     assert eng.get_metrics()["spec_decode_num_drafts"] == 0
-    # One write for the four requests, then one for the fifth when it finishes, of the rows of their
-    # complete blocks only (in block_hash: a prefix hit may read those; the rest are dropped, as no one
-    # can). A request's context is every position but its last two: the step that computes its last input
-    # token finishes it, so that step's features are never observed (and its last sampled token is never
-    # an input). (The overlapped loop ends on a drain, with no observe after the fifth: its rows are
-    # never written.)
+    # No context forward at all: a step at k = 0 defers, and a finished request's rows either wait (those
+    # of its complete blocks, which a prefix hit may read: written before the next drafting step, unless
+    # the block gets another owner first, whose observe drops them) or are dropped (its last, incomplete
+    # block). A request's context is every position but its last two: the step that computes its last
+    # input token finishes it, so that step's features are never observed.
+    assert calls == []
     bs = eng.config.block_size
     context = [len(p) + n - 2 for p, n in zip(prompts, [12] * 4 + [20], strict=True)]
-    kept = [n // bs * bs for n in context]
-    assert calls == [sum(kept[:4])] + ([kept[4]] if not async_scheduling else [])
-    assert eng.proposer.dropped_rows == sum(context) - sum(kept) > 0
+    prop = eng.proposer
+    waiting = sum(sp[3] - sp[2] for spans in prop._freed.values() for sp in spans)
+    assert prop.dropped_rows + waiting == sum(context)
+    assert prop.dropped_rows >= sum(n % bs for n in context) > 0 and waiting > 0
+    assert prop._owed_rows == waiting and not prop._owed
 
 
 # Cells where the adaptive policy's plans used to part between the loops (found by a sweep of blocks x

@@ -119,14 +119,14 @@ class DFlashProposer(Proposer):
         # forward before the next step that drafts (for every request: a prefix hit may read another
         # request's blocks) or once OWED_MAX_ROWS pile up. A freed request's spans leave (its blocks may go
         # to another request, whose rows would land in the same slots): those of its complete blocks (a
-        # prefix hit may count on them) are written with every other request's freed since, in one forward
-        # at the start of the next observe(), before any later drafter write or read; those of its last,
-        # incomplete block are dropped (no request can read them). The live requests' rows are not written
-        # then, so the forwards that write them are the same whoever finished. So a step in which requests
-        # finish runs at most one context forward, none when no finished request owes a complete block.
+        # prefix hit may count on them) stay owed, by block (_freed), and are written first in the next
+        # flush (before any drafting step, which is what reads them), unless their block gets another
+        # owner first: that owner's observe() drops them (the block's drafter K/V are its now, and the block
+        # leaves block_hash). Those of its last, incomplete block are dropped at once (no request can read
+        # them). So a step in which requests finish runs no device op either.
         self._owed: dict[str, list[_Span]] = {}
-        self._owed_rows = 0
-        self._freed: list[_Span] = []
+        self._owed_rows = 0  # rows of _owed and _freed
+        self._freed: dict[int, list[_Span]] = {}  # block id -> a freed request's owed spans in it
         self.context_forwards = 0  # drafter context forwards run outside drafting steps (_write_spans)
         self.context_rows = 0  # ... and the rows they wrote
         self.dropped_rows = 0  # freed requests' owed rows no one may read, never written
@@ -140,9 +140,8 @@ class DFlashProposer(Proposer):
     def free_request(self, request_id: str) -> None:
         st = self.state.pop(request_id, None)
         self.generators.free(request_id)
-        # Its context K/V not written yet of its complete blocks (a prefix hit may read those) are written at
-        # the next observe(), with those of every request freed before it; the rest are dropped
-        # (_take_request).
+        # Its context K/V not written yet of its complete blocks (a prefix hit may read those) stay owed until
+        # the next flush or another owner of the block; the rest are dropped (_take_request).
         self._take_request(request_id, st)
 
     def consumed(self, request_id: str) -> int | None:
@@ -175,14 +174,12 @@ class DFlashProposer(Proposer):
         work). Their context K/V are written by the next propose(): inside the drafting step for requests
         that draft now and committed at most 1 + k positions (the usual verify step), in one forward
         before it for the rest, or later (_defer_context) when nothing drafts."""
-        freed, self._freed = self._freed, []
-        self._write_spans(freed)  # before any later write or read (their own forward: see __init__)
         self._pending = {}
         captured = self._captured = result.captured
         if not captured:
             return
         bs, state, pending, offsets = self.block_size, self.state, self._pending, result.token_offsets
-        block_hash = self.block_hash
+        block_hash, freed = self.block_hash, self._freed
         for s in sched.scheduled:
             req = s.request
             rid, bids = req.request_id, req.block_ids
@@ -199,6 +196,10 @@ class DFlashProposer(Proposer):
                 continue
             for i in range(lo // bs, (hi - 1) // bs + 1):
                 block_hash.pop(bids[i], None)  # its K/V change now
+                if freed and bids[i] in freed:  # a freed request's block, ours now: its old rows go
+                    n = sum(sp[3] - sp[2] for sp in freed.pop(bids[i]))
+                    self._owed_rows -= n
+                    self.dropped_rows += n
             pending[rid] = (captured, off - s.start + lo, lo, hi, bids[lo // bs : (hi - 1) // bs + 1])
             st.consumed = hi
             while (st.next_block + 1) * bs <= hi:  # blocks now complete: remember what they hold
@@ -210,17 +211,18 @@ class DFlashProposer(Proposer):
                 st.next_block += 1
 
     def _flush_context(self, keep: set[str]) -> None:
-        """Write the deferred context K/V and the pending context K/V of every request not in `keep` now
-        (one batched forward)."""
-        spans = [sp for rows in self._owed.values() for sp in rows]
+        """Write the deferred context K/V (freed requests' first) and the pending context K/V of every
+        request not in `keep` now (one batched forward)."""
+        spans = [sp for rows in self._freed.values() for sp in rows]
+        spans += [sp for rows in self._owed.values() for sp in rows]
         spans += [sp for rid, sp in self._pending.items() if rid not in keep]
-        self._owed, self._owed_rows = {}, 0
+        self._owed, self._freed, self._owed_rows = {}, {}, 0
         self._write_spans(spans)
 
     def _take_request(self, request_id: str, st: _ReqState | None) -> None:
         """Take one request's deferred and pending context rows out: those of its complete blocks (only
-        those can be in block_hash, so a prefix hit may read them) go to the freed rows, which the next
-        observe() writes; those of its last, incomplete block are dropped: no request can read them.
+        those can be in block_hash, so a prefix hit may read them) go to the freed rows (_freed, by block),
+        written by the next flush; those of its last, incomplete block are dropped: no request can read them.
         (Complete, not recorded in block_hash: that differs between the loops, where an output token was
         collected later, and what a context forward writes must not, as its rows' values may depend on
         the other rows of the forward on the GPU.)"""
@@ -236,7 +238,8 @@ class DFlashProposer(Proposer):
                 i = p // bs
                 end, block = min(hi, (i + 1) * bs), blocks[i - lo // bs]
                 if st is not None and (i + 1) * bs <= st.consumed:
-                    self._freed.append((cap, row + p - lo, p, end, [block]))
+                    self._freed.setdefault(block, []).append((cap, row + p - lo, p, end, [block]))
+                    self._owed_rows += end - p
                 else:
                     self.dropped_rows += end - p
                 p = end
