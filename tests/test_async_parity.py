@@ -175,19 +175,19 @@ def test_dflash_defers_context_of_undrafted_steps(models, dflash_dir, monkeypatc
         return out
 
     monkeypatch.setattr(dflash.DFlashProposer, "_draft_logits", recording)
-    gathers, per_defer = [], []  # an undrafted step gathers its features once, whatever the batch
-    real_gather, real_defer = dflash.DFlashProposer._gather, dflash.DFlashProposer._defer_context
+    uploads, per_defer = [], []  # an undrafted step runs no device op: no upload, no gather, no write
+    real_upload, real_defer = dflash.to_device, dflash.DFlashProposer._defer_context
 
-    def counting_gather(self, rows):
-        gathers.append(len(rows))
-        return real_gather(self, rows)
+    def counting_upload(*a, **kw):
+        uploads.append(1)
+        return real_upload(*a, **kw)
 
     def counting_defer(self):
-        n, reqs = len(gathers), len(self._pending)
+        n, w, reqs = len(uploads), len(calls), len(self._pending)
         real_defer(self)
-        per_defer.append((reqs, len(gathers) - n))
+        per_defer.append((reqs, len(uploads) - n + len(calls) - w))
 
-    monkeypatch.setattr(dflash.DFlashProposer, "_gather", counting_gather)
+    monkeypatch.setattr(dflash, "to_device", counting_upload)
     monkeypatch.setattr(dflash.DFlashProposer, "_defer_context", counting_defer)
     prompts, params = scenario_prompts(vocab_hi=VOCAB - 12), scenario_params(32)
 
@@ -205,7 +205,7 @@ def test_dflash_defers_context_of_undrafted_steps(models, dflash_dir, monkeypatc
         cells[cap] = (toks, counters, len(calls), list(logits))
         if cap == default:
             several = [g for reqs, g in per_defer if reqs > 1]
-            assert several and all(g == 1 for g in several)  # one gather for all of a step's requests
+            assert several and all(g == 0 for g in several)  # the features stay in the step's captured tensors
     (d_toks, d_c, d_calls, d_logits), (i_toks, i_c, i_calls, i_logits) = cells[default], cells[-1]
     assert d_toks == i_toks
     assert d_c == i_c
@@ -225,11 +225,10 @@ class DraftsNeverPay:
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
-def test_dflash_requests_finishing_together_share_one_context_write(models, dflash_dir, monkeypatch,
-                                                                    async_scheduling):
-    """Four requests that never draft finish in the same step: their deferred context K/V are written in
-    one drafter forward at the next step's observe (not one per finished request), and nothing else
-    writes context. Tokens equal plain decoding's."""
+def test_dflash_finished_requests_write_no_context_at_k0(models, dflash_dir, monkeypatch, async_scheduling):
+    """Four requests that never draft finish in the same step, a fifth later: no drafter context forward
+    runs at all (their complete blocks' rows wait for a drafting step, the rest are dropped). Tokens equal
+    plain decoding's."""
     from verispec import SamplingParams
     from verispec.spec_decode import dflash_model
 
@@ -252,12 +251,19 @@ def test_dflash_requests_finishing_together_share_one_context_write(models, dfla
                                                      prompts, params)]
     assert out == plain
     assert eng.get_metrics()["spec_decode_num_drafts"] == 0
-    # One write for the four requests, then one for the fifth when it finishes. A request's context is
-    # every position but its last two: the step that computes its last input token finishes it, so that
-    # step's features are never observed (and its last sampled token is never an input).
-    # (The overlapped loop ends on a drain, with no observe after the fifth: its rows are never written.)
-    fifth = [len(prompts[4]) + 20 - 2] if not async_scheduling else []
-    assert calls == [sum(len(p) + 12 - 2 for p in prompts[:4])] + fifth
+    # No context forward at all: a step at k = 0 defers, and a finished request's rows either wait (those
+    # of its complete blocks, which a prefix hit may read: written before the next drafting step, unless
+    # the block gets another owner first, whose observe drops them) or are dropped (its last, incomplete
+    # block). A request's context is every position but its last two: the step that computes its last
+    # input token finishes it, so that step's features are never observed.
+    assert calls == []
+    bs = eng.config.block_size
+    context = [len(p) + n - 2 for p, n in zip(prompts, [12] * 4 + [20], strict=True)]
+    prop = eng.proposer
+    waiting = sum(sp[3] - sp[2] for spans in prop._freed.values() for sp in spans)
+    assert prop.dropped_rows + waiting == sum(context)
+    assert prop.dropped_rows >= sum(n % bs for n in context) > 0 and waiting > 0
+    assert prop._owed_rows == waiting and not prop._owed
 
 
 # Cells where the adaptive policy's plans used to part between the loops (found by a sweep of blocks x

@@ -580,3 +580,50 @@ def test_cuda_graph_drafting_matches_eager(model, drafter_dir):
     (g_out, g_drafts), (e_out, e_drafts) = run(False), run(True)
     assert g_out == e_out
     assert sum(len(d) for d in g_drafts) > 10 and g_drafts == e_drafts
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_prefix_hit_reads_a_freed_requests_deferred_context(model, drafter_dir, monkeypatch, async_scheduling):
+    """Request a never drafts (the plan is 0 while it runs) and finishes with its context owed; b then
+    shares a's first two blocks (a prefix hit) and drafts. b counts on a's drafter K/V (ctx_start 0), so
+    the flush before its first drafting step must write a's rows: its drafter logits equal those of an
+    engine that wrote every context row at once (OWED_MAX_ROWS = -1), and differ where a's rows are
+    dropped instead."""
+    from verispec.spec_decode import dflash
+
+    base = prompts(1, seed=11)[0][:20] + list(range(200, 220))  # 40 tokens: blocks 0 and 1 are prompt only
+    a, b = base, base[:32] + [7, 8, 9, 10, 11]
+
+    def first_logits(cap: int, drop: bool = False):
+        monkeypatch.setattr(dflash, "OWED_MAX_ROWS", cap)
+        eng = tiny_engine(model, spec=spec(drafter_dir, k=4, adaptive=True), async_scheduling=async_scheduling)
+        prop = eng.proposer
+        eng.policy.plan = lambda ids, batch=None: 0 if "b" not in ids else 4
+        if drop:  # the check can fail: a's deferred rows dropped when it finishes
+            monkeypatch.setattr(prop, "_take_request", lambda rid, st: prop._owed.pop(rid, None))
+        got = []
+        real = prop._draft_logits
+
+        def recording(todo, sources):
+            out = real(todo, sources)
+            got.append((out.detach().clone(), todo[0][2].ctx_start))
+            return out
+
+        prop._draft_logits = recording
+        eng.add_request("a", None, GREEDY, a)
+        while eng.has_unfinished_requests():
+            eng.step()
+        assert not got and (cap < 0 or prop.context_forwards == 0)  # (deferred: a's rows wait)
+        eng.add_request("b", None, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), b)
+        while eng.has_unfinished_requests():
+            eng.step()
+        assert got
+        return got[0]
+
+    default = dflash.OWED_MAX_ROWS
+    want, ctx0 = first_logits(-1)
+    got, ctx1 = first_logits(default)
+    assert ctx0 == ctx1 == 0  # b read a's blocks' drafter K/V
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    dropped, _ = first_logits(default, drop=True)
+    assert (dropped - want).abs().max() > 0.1

@@ -352,3 +352,22 @@ def test_split_admission_steps_on_cuda(method):
     (graphed, runner), (eager, _) = run(False), run(True)
     assert graphed == eager
     assert runner.split_steps >= 3
+
+
+def test_private_rows_are_one_copy_of_the_captured_rows():
+    """A replay's captured rows come back as column views of one [t, sum of widths] copy (one copy
+    kernel per step, not one per layer), equal to the static buffers' first t rows and not aliasing them
+    (the next replay rewrites those); DFlash finds the joined tensor (one gather per context forward)."""
+    from verispec.spec_decode.dflash import _joined
+    from verispec.worker.graphs import private_rows
+
+    static = [torch.randn(8, 6) for _ in range(5)]
+    rows = private_rows(static, 5)
+    want = [s[:5].clone() for s in static]
+    for s in static:
+        s.fill_(0.0)  # the next replay
+    assert all(torch.equal(r, w) for r, w in zip(rows, want, strict=True))
+    joined = _joined(rows)
+    assert joined is not None and joined.shape == (5, 30) and torch.equal(joined, torch.cat(want, dim=-1))
+    assert _joined(want) is None and _joined(rows[1:]) is None  # separate copies; not starting at column 0
+    assert len(private_rows(static[:1], 3)) == 1 and private_rows(static[:1], 3)[0].shape == (3, 6)

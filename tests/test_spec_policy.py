@@ -95,6 +95,32 @@ def test_never_accepted_goes_to_zero_and_probes():
     assert gaps == want and gaps[-1] == params.probe_max
 
 
+def test_dear_probes_come_at_most_every_probe_floor():
+    """A probe that costs half a plain step more (1 + 0.5 k): probes come no closer than 100 plans at 0
+    (0.5 / (0.005 * 1.0)), so they add at most probe_budget (0.5%) to the time at k = 0; the doubling
+    schedule takes over once it exceeds that (128 = probe_max). Where a probe is cheap (LINEAR: 0.02 more
+    per draft, floor 4 < probe_min) the schedule is the doubling one (test above)."""
+
+    class Dear:
+        def seconds(self, k: int, batch: int) -> float:
+            return 1.0 + 0.5 * k
+
+    params = PolicyParams()
+    pol = SpeculationPolicy(K, Dear(), params)
+    assert pol.probe_floor(1) == 100 and SpeculationPolicy(K, LINEAR).probe_floor(1) == params.probe_min
+    req = Request(pol)
+    req.run_until(1200, accepted_prefix=0)
+    ks = [k for _, k in req.ks]
+    late = ks[ks.index(0):]
+    probes = [i for i, k in enumerate(late) if k > 0]
+    gaps = [b - a for a, b in zip([-1, *probes], probes, strict=False)]
+    assert gaps[:5] == [100, 100, 100, 100, 128] and set(gaps[5:]) == {128}, gaps
+    extra = sum(Dear().seconds(late[i], 1) - Dear().seconds(0, 1) for i in probes)
+    assert extra <= params.probe_budget * Dear().seconds(0, 1) * (len(late) - len(probes))
+    with pytest.raises(ValueError):
+        PolicyParams(probe_budget=0.0)
+
+
 def test_k_follows_acceptance_changes_mid_request():
     """Predictable text, then unpredictable, then predictable again: k goes K -> 0 (probes) -> K."""
     pol = SpeculationPolicy(K, LINEAR)

@@ -67,32 +67,25 @@ def build_dflash_proposer(sc, target: CausalLM, device, dtype, config) -> tuple[
 
 OWED_MAX_ROWS = 4096  # deferred context rows (DFlashProposer._owed) past which they are written at once
 
+# A request's context rows of one step: (that step's captured features, first captured row, positions
+# lo..hi, the ids of the blocks holding them: block lo // block_size first). The features are the step's
+# private copies (the graph runner's clones, the eager forward's own tensors), so a span may outlive its
+# step: nothing is gathered until a context forward writes it.
+_Span = tuple[list[torch.Tensor], int, int, int, list[int]]
 
-class _OwedChunk:
-    """The deferred context of one undrafted step: feature rows [n, F] on the device, and per row its
-    position and slot, indexed by owning request; a request's rows leave once taken (freed)."""
 
-    def __init__(self, feats: torch.Tensor, positions: list[int], slots: list[int], owners: list[str]) -> None:
-        self.feats, self.positions, self.slots = feats, positions, slots
-        self.rows_of: dict[str, list[int]] = {}
-        for i, o in enumerate(owners):
-            self.rows_of.setdefault(o, []).append(i)
-
-    def _select(self, idx: list[int]) -> tuple[torch.Tensor, list[int], list[int]]:
-        if len(idx) == len(self.positions):
-            return self.feats, self.positions, self.slots
-        sel = to_device(idx, torch.long, self.feats.device)
-        return self.feats[sel], [self.positions[i] for i in idx], [self.slots[i] for i in idx]
-
-    def take(self, request_id: str) -> tuple[torch.Tensor | None, list[int], list[int]]:
-        """The rows of one request not taken yet, which leave the chunk now."""
-        idx = self.rows_of.pop(request_id, None)
-        return self._select(idx) if idx else (None, [], [])
-
-    def unwritten(self) -> tuple[torch.Tensor | None, list[int], list[int]]:
-        """Every row not taken yet."""
-        idx = sorted(i for rows in self.rows_of.values() for i in rows)
-        return self._select(idx) if idx else (None, [], [])
+def _joined(captured: list[torch.Tensor]) -> torch.Tensor | None:
+    """The [t, sum of widths] tensor whose column blocks the captured layers are, in order, if they are
+    (worker/graphs.py private_rows: one copy for all layers), else None."""
+    base = captured[0]._base
+    if base is None or base.dim() != 2 or base.shape[0] != captured[0].shape[0]:
+        return None
+    col = 0
+    for c in captured:
+        if c._base is not base or c.data_ptr() != base.data_ptr() + col * base.element_size():
+            return None
+        col += c.shape[-1]
+    return base if col == base.shape[1] else None
 
 
 class DFlashProposer(Proposer):
@@ -117,22 +110,26 @@ class DFlashProposer(Proposer):
         self.generators = RequestGenerators(self.device, seed, salt=1)  # keyed like the draft model's
         self.max_rows, self.graph_max_batch = max_rows, graph_max_batch
         self.step: DFlashStepRunner | None = None
-        # From observe() to the next propose(): per request (captured rows, positions, slots) of
-        # committed positions whose context K/V are not written yet, and the step's captured features.
-        self._pending: dict[str, tuple[list[int], list[int], list[int]]] = {}
+        # From observe() to the next propose(): per request the span (_Span) of committed positions whose
+        # context K/V are not written yet, and the step's captured features.
+        self._pending: dict[str, _Span] = {}
         self._captured: list[torch.Tensor] = []
-        # Context K/V deferred from steps that draft nothing (the policy's k = 0): per such step one chunk,
-        # the features of every request's committed positions (gathered out of that step's captured
-        # buffers in one index, on the device), their positions, slots and owners. Written in one forward
-        # before the next step that drafts (for every request: a prefix hit may read another request's
-        # blocks) or once OWED_MAX_ROWS pile up. A freed request's rows leave their chunks (its blocks
-        # may go to another request, whose rows would land in the same slots) and are written with every
-        # other request freed since, in one forward at the start of the next observe(): before any later
-        # drafter write or read, and a prefix hit may count on them. So a step planned at 0 costs one
-        # gather whatever the batch, and a step in which requests finish at most one context forward.
-        self._owed: list[_OwedChunk] = []
-        self._owed_rows = 0
-        self._freed: tuple[list[torch.Tensor], list[int], list[int]] = ([], [], [])
+        # Context K/V deferred from steps that draft nothing (the policy's k = 0): per request its spans, host
+        # bookkeeping only (a step planned at 0 runs no device op here, whatever the batch). Written in one
+        # forward before the next step that drafts (for every request: a prefix hit may read another
+        # request's blocks) or once OWED_MAX_ROWS pile up. A freed request's spans leave (its blocks may go
+        # to another request, whose rows would land in the same slots): those of its complete blocks (a
+        # prefix hit may count on them) stay owed, by block (_freed), and are written first in the next
+        # flush (before any drafting step, which is what reads them), unless their block gets another
+        # owner first: that owner's observe() drops them (the block's drafter K/V are its now, and the block
+        # leaves block_hash). Those of its last, incomplete block are dropped at once (no request can read
+        # them). So a step in which requests finish runs no device op either.
+        self._owed: dict[str, list[_Span]] = {}
+        self._owed_rows = 0  # rows of _owed and _freed
+        self._freed: dict[int, list[_Span]] = {}  # block id -> a freed request's owed spans in it
+        self.context_forwards = 0  # drafter context forwards run outside drafting steps (_write_spans)
+        self.context_rows = 0  # ... and the rows they wrote
+        self.dropped_rows = 0  # freed requests' owed rows no one may read, never written
 
     def bind(self, num_blocks: int, block_size: int, max_model_len: int) -> None:
         super().bind(num_blocks, block_size, max_model_len)
@@ -141,11 +138,11 @@ class DFlashProposer(Proposer):
         self.kv = self.step.kv  # per layer [2, slots, KH, D]: the engine's blocks, then scratch
 
     def free_request(self, request_id: str) -> None:
-        self.state.pop(request_id, None)
+        st = self.state.pop(request_id, None)
         self.generators.free(request_id)
-        # Its context K/V not written yet are written at the next observe(), with those of every request
-        # freed before it: a prefix hit may already count on them (block_hash).
-        self._take_request(request_id)
+        # Its context K/V not written yet of its complete blocks (a prefix hit may read those) stay owed until
+        # the next flush or another owner of the block; the rest are dropped (_take_request).
+        self._take_request(request_id, st)
 
     def consumed(self, request_id: str) -> int | None:
         """Positions of the request whose context the drafter holds (None: unknown request)."""
@@ -173,119 +170,132 @@ class DFlashProposer(Proposer):
 
     @torch.inference_mode()
     def observe(self, sched: SchedulerOutput, result) -> None:
-        """Note the captured target features of newly committed positions. Their context K/V are
-        written by the next propose(): inside the drafting step for requests that draft now and
-        committed at most 1 + k positions (the usual verify step), eagerly for the rest."""
-        self._write_freed()
+        """Note the captured target features of newly committed positions (a span per request, no device
+        work). Their context K/V are written by the next propose(): inside the drafting step for requests
+        that draft now and committed at most 1 + k positions (the usual verify step), in one forward
+        before it for the rest, or later (_defer_context) when nothing drafts."""
         self._pending = {}
-        self._captured = result.captured
-        if not result.captured:
+        captured = self._captured = result.captured
+        if not captured:
             return
-        bs = self.block_size
+        bs, state, pending, offsets = self.block_size, self.state, self._pending, result.token_offsets
+        block_hash, freed = self.block_hash, self._freed
         for s in sched.scheduled:
             req = s.request
-            if not req.block_ids or req.request_id not in result.token_offsets:
+            rid, bids = req.request_id, req.block_ids
+            off = offsets.get(rid)
+            if not bids or off is None:
                 continue  # finished this step (its blocks are gone) or not in the batch
-            st = self.state.get(req.request_id)
+            st = state.get(rid)
             if st is None:
-                st = self.state[req.request_id] = self._new_state(req, s.start)
+                st = state[rid] = self._new_state(req, s.start)
             if s.start > st.consumed:  # a gap we cannot fill: restart the context here
-                st = self.state[req.request_id] = _ReqState(consumed=s.start, ctx_start=s.start, written_from=s.start)
+                st = state[rid] = _ReqState(consumed=s.start, ctx_start=s.start, written_from=s.start)
             lo, hi = st.consumed, min(req.num_computed_tokens, s.start + s.num_new_tokens)
             if hi <= lo:
                 continue
-            off = result.token_offsets[req.request_id] - s.start
-            bids = req.block_ids
             for i in range(lo // bs, (hi - 1) // bs + 1):
-                self.block_hash.pop(bids[i], None)  # its K/V change now
-            positions = list(range(lo, hi))
-            self._pending[req.request_id] = (list(range(off + lo, off + hi)), positions,
-                                             [bids[p // bs] * bs + p % bs for p in positions])
+                block_hash.pop(bids[i], None)  # its K/V change now
+                if freed and bids[i] in freed:  # a freed request's block, ours now: its old rows go
+                    n = sum(sp[3] - sp[2] for sp in freed.pop(bids[i]))
+                    self._owed_rows -= n
+                    self.dropped_rows += n
+            pending[rid] = (captured, off - s.start + lo, lo, hi, bids[lo // bs : (hi - 1) // bs + 1])
             st.consumed = hi
             while (st.next_block + 1) * bs <= hi:  # blocks now complete: remember what they hold
                 i = st.next_block
                 st.chain = self._block_chain(req, i, st.chain)
                 st.poisoned = st.poisoned or PLACEHOLDER in req.all_token_ids[i * bs : (i + 1) * bs]
                 if not st.poisoned and (i * bs >= st.written_from or st.ctx_start == 0):
-                    self.block_hash[req.block_ids[i]] = st.chain
+                    block_hash[bids[i]] = st.chain
                 st.next_block += 1
 
-    def _gather(self, rows: list[int]) -> torch.Tensor:
-        """The drafter's input features of these rows of the step's captured target layers. Consecutive
-        rows (a decode step's usual case) are a slice: no index upload, no gather kernel."""
-        r0, n = rows[0], len(rows)
-        if rows[-1] - r0 == n - 1 and rows == list(range(r0, r0 + n)):
-            return torch.cat([c[r0 : r0 + n] for c in self._captured], dim=-1).to(self.dtype)
-        idx = to_device(rows, torch.long, self.device)
-        return torch.cat([c[idx] for c in self._captured], dim=-1).to(self.dtype)
-
     def _flush_context(self, keep: set[str]) -> None:
-        """Write the deferred context K/V and the pending context K/V of every request not in `keep` now
-        (one batched forward)."""
-        rows, positions, slots = [], [], []
-        for rid, (r, p, sl) in self._pending.items():
-            if rid not in keep:
-                rows += r
-                positions += p
-                slots += sl
-        parts, owed_pos, owed_slots = [], [], []
-        self._from_chunks(_OwedChunk.unwritten, parts, owed_pos, owed_slots)
-        self._owed, self._owed_rows = [], 0
-        if rows:
-            parts.append(self._gather(rows))
-        self._write(parts, owed_pos + positions, owed_slots + slots)
+        """Write the deferred context K/V (freed requests' first) and the pending context K/V of every
+        request not in `keep` now (one batched forward)."""
+        spans = [sp for rows in self._freed.values() for sp in rows]
+        spans += [sp for rows in self._owed.values() for sp in rows]
+        spans += [sp for rid, sp in self._pending.items() if rid not in keep]
+        self._owed, self._freed, self._owed_rows = {}, {}, 0
+        self._write_spans(spans)
 
-    def _take_request(self, request_id: str) -> None:
-        """Move one request's deferred and pending context rows (features gathered now: the captured
-        buffers are the next step's) to the freed rows, which the next observe() writes."""
-        parts, positions, slots = self._freed
-        self._owed_rows -= self._from_chunks(lambda c: c.take(request_id), parts, positions, slots)
+    def _take_request(self, request_id: str, st: _ReqState | None) -> None:
+        """Take one request's deferred and pending context rows out: those of its complete blocks (only
+        those can be in block_hash, so a prefix hit may read them) go to the freed rows (_freed, by block),
+        written by the next flush; those of its last, incomplete block are dropped: no request can read them.
+        (Complete, not recorded in block_hash: that differs between the loops, where an output token was
+        collected later, and what a context forward writes must not, as its rows' values may depend on
+        the other rows of the forward on the GPU.)"""
+        spans = self._owed.pop(request_id, [])
+        self._owed_rows -= sum(hi - lo for _, _, lo, hi, _ in spans)
         pend = self._pending.pop(request_id, None)
         if pend is not None:
-            parts.append(self._gather(pend[0]))
-            positions += pend[1]
-            slots += pend[2]
+            spans.append(pend)
+        bs = self.block_size
+        for cap, row, lo, hi, blocks in spans:
+            p = lo
+            while p < hi:  # per block of the span
+                i = p // bs
+                end, block = min(hi, (i + 1) * bs), blocks[i - lo // bs]
+                if st is not None and (i + 1) * bs <= st.consumed:
+                    self._freed.setdefault(block, []).append((cap, row + p - lo, p, end, [block]))
+                    self._owed_rows += end - p
+                else:
+                    self.dropped_rows += end - p
+                p = end
 
-    def _from_chunks(self, pick, parts: list[torch.Tensor], positions: list[int], slots: list[int]) -> int:
-        """Append what pick(chunk) returns of every owed chunk (features, positions, slots); returns the rows."""
-        n = 0
-        for c in self._owed:
-            f, p, sl = pick(c)
-            if p:
-                parts.append(f)
-                positions += p
-                slots += sl
-                n += len(p)
-        return n
-
-    def _write_freed(self) -> None:
-        """One context forward over every freed request's rows not written yet."""
-        parts, positions, slots = self._freed
-        self._freed = ([], [], [])
-        self._write(parts, positions, slots)
-
-    def _write(self, parts: list[torch.Tensor], positions: list[int], slots: list[int]) -> None:
-        """One drafter context forward over feature rows `parts` (concatenated) at positions / slots."""
-        if not positions:
+    def _write_spans(self, spans: list[_Span]) -> None:
+        """One drafter context forward over the rows of these spans: the features of every step they come
+        from, concatenated per captured layer, one index (and position, slot) upload, one gather."""
+        if not spans:
             return
-        dev = self.device
-        self.drafter.write_context(torch.cat(parts) if len(parts) > 1 else parts[0],
-                                   to_device(positions, torch.long, dev), to_device(slots, torch.long, dev), self.kv)
+        bs = self.block_size
+        base: dict[int, int] = {}  # id(captured list) -> its first row in the concatenation
+        steps: list[list[torch.Tensor]] = []
+        rows: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        n = 0
+        for cap, row, lo, hi, blocks in spans:
+            b0 = base.get(id(cap))
+            if b0 is None:
+                b0 = base[id(cap)] = n
+                steps.append(cap)
+                n += cap[0].shape[0]
+            r0 = b0 + row - lo
+            rows += range(r0 + lo, r0 + hi)
+            positions += range(lo, hi)
+            first = lo // bs
+            slots += [blocks[p // bs - first] * bs + p % bs for p in range(lo, hi)]
+        m = len(rows)
+        flat = [_joined(c) for c in steps]
+        if len(steps) == 1:
+            layers = flat if flat[0] is not None else steps[0]
+        elif all(f is not None for f in flat):
+            layers = [torch.cat(flat)]
+        else:
+            layers = [torch.cat([c[j] for c in steps]) for j in range(len(steps[0]))]
+        ints = to_device(rows + positions + slots, torch.long, self.device)
+        if rows != list(range(n)):  # (all rows of the steps, in order: no gather)
+            layers = [x.index_select(0, ints[:m]) for x in layers]
+        feats = torch.cat(layers, dim=-1) if len(layers) > 1 else layers[0]
+        self.context_forwards += 1
+        self.context_rows += m
+        self.drafter.write_context(feats.to(self.dtype), ints[m : 2 * m], ints[2 * m :], self.kv)
 
     def _defer_context(self) -> None:
-        """A step that drafts nothing: keep its pending context (features gathered now, in one index, as
-        the captured buffers are the next step's) for the next drafting step."""
-        rows, positions, slots, owners = [], [], [], []
-        for rid, (r, p, sl) in self._pending.items():
-            rows += r
-            positions += p
-            slots += sl
-            owners += [rid] * len(r)
+        """A step that drafts nothing: keep its pending spans for the next drafting step (no device work;
+        the features stay in the step's captured tensors)."""
+        owed, n = self._owed, 0
+        for rid, sp in self._pending.items():
+            rows = owed.get(rid)
+            if rows is None:
+                owed[rid] = [sp]
+            else:
+                rows.append(sp)
+            n += sp[3] - sp[2]
         self._pending = {}
-        if not rows:
-            return
-        self._owed.append(_OwedChunk(self._gather(rows), positions, slots, owners))
-        self._owed_rows += len(rows)
+        self._owed_rows += n
         if self._owed_rows > OWED_MAX_ROWS:
             self._flush_context(set())
 
@@ -316,14 +326,19 @@ class DFlashProposer(Proposer):
         """Write pending context K/V, then one drafting step: logits [R, k, V] float32 (a view of
         a graph's output: read before the next step)."""
         w = self.step.w
-        inline = {r.request_id for r, _, _ in todo if len(self._pending.get(r.request_id, ((),))[0]) <= w}
+        pending = self._pending
+        inline = {r.request_id for r, _, _ in todo
+                  if r.request_id not in pending or pending[r.request_id][3] - pending[r.request_id][2] <= w}
         self._flush_context(inline)
         bs = self.block_size
         rows = []
         for r, _, st in todo:
-            ctx_rows, ctx_pos, ctx_slots = self._pending.get(r.request_id, ([], [], []))
-            if r.request_id not in inline:
-                ctx_rows, ctx_pos, ctx_slots = [], [], []
+            ctx_rows, ctx_pos, ctx_slots = [], [], []
+            sp = pending.get(r.request_id)
+            if sp is not None and r.request_id in inline:
+                _, row, lo, hi, blocks = sp
+                ctx_rows, ctx_pos = list(range(row, row + hi - lo)), list(range(lo, hi))
+                ctx_slots = [blocks[p // bs - lo // bs] * bs + p % bs for p in ctx_pos]
             anchor = r.num_tokens - 1
             self.block_hash.pop(r.block_ids[anchor // bs], None)  # the block's K/V land there
             owner = (r.request_id, "out", r.num_tokens - 1 - r.num_prompt_tokens)

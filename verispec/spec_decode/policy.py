@@ -41,7 +41,10 @@ Re-probing: while the plan is k = 0 the policy counts the steps; after `probe_ev
 step gets `probe_k` drafts, so requests whose text became predictable draft again. probe_every starts
 at probe_min and doubles after each probe that leaves the plan at 0 (up to probe_max), and falls back
 to probe_min once a plan drafts: a batch whose drafts never pay spends about one step in probe_max on
-them. The clock starts afresh when a request arrives at an idle engine (reset_clock), so a workload run
+them. A probe costs what a step of probe_k drafts costs more than a plain one (cost.py; for DFlash a
+drafter forward and a verify of 1 + probe_k rows, which the device waits for), so the interval is at
+least probe_floor(batch): as many plain steps as make that extra at most `probe_budget` of their time
+(0.5%), within probe_min..probe_max (where probes are cheap the doubling schedule stands as it was). The clock starts afresh when a request arrives at an idle engine (reset_clock), so a workload run
 again makes the same plans. At a batch size where no k would pay even if every draft were accepted (could_pay), the policy
 does not probe at all.
 
@@ -71,6 +74,7 @@ class PolicyParams:
     probe_min: int = 8  # re-probe interval bounds (steps planned at k = 0), see the module docstring
     probe_max: int = 128
     probe_k: int = 1  # drafts of a probe
+    probe_budget: float = 0.005  # most share of the time at k = 0 that probes may add (probe_floor)
     min_gain: float = 0.02  # relative gain in tokens per second a larger k needs
     population_strength: float = 4.0  # pseudo-observations behind each position's population mean
     population_prior: bool = True  # False: a position's prior is the request's estimate one position before
@@ -82,6 +86,8 @@ class PolicyParams:
             raise ValueError("PolicyParams needs min_gain >= 0 and population_strength > 0")
         if not (1 <= self.probe_min <= self.probe_max and self.probe_k >= 1):
             raise ValueError("PolicyParams needs 1 <= probe_min <= probe_max and probe_k >= 1")
+        if not self.probe_budget > 0:
+            raise ValueError("PolicyParams needs probe_budget > 0")
 
 
 def count_verification(reach: list, accept: list, num_drafts: int, num_accepted: int) -> None:
@@ -198,6 +204,7 @@ class SpeculationPolicy:
             else None
         self._costs: dict[int, list[float]] = {}  # batch -> seconds of a step at k = 0..max_k
         self._could_pay: dict[int, bool] = {}  # batch -> could_pay(batch)
+        self._probe_floor: dict[int, int] = {}  # batch -> probe_floor(batch)
         self._retired: list[str] = []  # finished requests, dropped after the next plan
         self.idle_steps = 0  # consecutive plans at k = 0 since the last drafting step
         self.probe_every = self.params.probe_min
@@ -255,11 +262,11 @@ class SpeculationPolicy:
         if not request_ids:
             return 0
         costs = self.step_costs(max(1, batch or len(request_ids)))
-        per = [self.expected_tokens(r) for r in request_ids]
+        cols = list(zip(*[self.expected_tokens(r) for r in request_ids], strict=True))  # cols[k]: each 1 + L(k)
         gain = 1.0 + self.params.min_gain
-        best_k, best = 0, len(per) / costs[0]
+        best_k, best = 0, len(request_ids) / costs[0]
         for k in range(1, self.max_k + 1):
-            rate = math.fsum(t[k] for t in per) / costs[k]
+            rate = math.fsum(cols[k]) / costs[k]
             if rate > best * gain:
                 best_k, best = k, rate
         return best_k
@@ -274,6 +281,18 @@ class SpeculationPolicy:
             c = self._could_pay[batch] = any((1 + k) / costs[k] > gain / costs[0] for k in range(1, self.max_k + 1))
         return c
 
+    def probe_floor(self, batch: int) -> int:
+        """The fewest plans at k = 0 between probes at this batch size, so that probing adds at most
+        probe_budget to the time of the steps at k = 0: ceil((cost(probe_k) - cost(0)) / (probe_budget *
+        cost(0))), within probe_min..probe_max (a probe still comes every probe_max plans at 0)."""
+        f = self._probe_floor.get(batch)
+        if f is None:
+            costs, p = self.step_costs(max(1, batch)), self.params
+            extra = max(0.0, costs[min(p.probe_k, self.max_k)] - costs[0])
+            f = math.ceil(extra / (p.probe_budget * costs[0])) if costs[0] > 0 else p.probe_max
+            f = self._probe_floor[batch] = max(p.probe_min, min(p.probe_max, f))
+        return f
+
     def plan(self, request_ids: list[str], batch: int | None = None) -> int:
         """The drafts of the next step for every one of these requests: best_k, or a probe when that
         has been 0 for probe_every plans (module docstring). Advances the probe clock, then drops the
@@ -283,7 +302,7 @@ class SpeculationPolicy:
             self.idle_steps, self.probe_every = 0, self.params.probe_min
         elif request_ids and self.could_pay(batch or len(request_ids)):
             self.idle_steps += 1
-            if self.idle_steps >= self.probe_every:
+            if self.idle_steps >= max(self.probe_every, self.probe_floor(batch or len(request_ids))):
                 self.idle_steps = 0
                 self.probe_every = min(2 * self.probe_every, self.params.probe_max)
                 k = self.params.probe_k

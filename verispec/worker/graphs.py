@@ -72,6 +72,15 @@ class GraphOutput(NamedTuple):
     logits: torch.Tensor | None  # [T, vocab] float32
 
 
+def private_rows(captured: list[torch.Tensor], t: int) -> list[torch.Tensor]:
+    """Private copies of the first t rows of each static captured buffer, in one copy kernel: views of one
+    [t, sum of widths] tensor (a clone per layer would launch one copy each, every step)."""
+    parts = [c[:t] for c in captured]
+    if len(parts) < 2:
+        return [p.clone() for p in parts]
+    return list(torch.cat(parts, dim=-1).split([p.shape[-1] for p in parts], dim=-1))
+
+
 def graph_batch_sizes(max_batch: int) -> list[int]:
     """1, 2, 4, ... below max_batch, then max_batch itself."""
     sizes, b = [], 1
@@ -356,6 +365,4 @@ class CudaGraphRunner(GraphRunner):
             self.seq_lens.copy_(stale)
         out = self.replay(key, meta)
         hidden, captured = out if out is not None else self._forward(key)  # None: capture=False
-        return GraphOutput(
-            hidden[:t], [c[:t].clone() for c in captured], self.logits[:t] if self.logits is not None else None,
-        )
+        return GraphOutput(hidden[:t], private_rows(captured, t), self.logits[:t] if self.logits is not None else None)

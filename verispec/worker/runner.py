@@ -203,9 +203,11 @@ class ModelRunner:
             out = self.graphs.run(ids[toks], positions[toks], part, rows.stop - rows.start, q)
             if out is None:
                 return None
-            if hidden is None:
+            if hidden is None:  # (captured: column views of one tensor, as graphs.private_rows returns them)
                 hidden = out.hidden.new_empty((ids.shape[0], out.hidden.shape[1]))
-                captured = [c.new_empty((ids.shape[0], c.shape[1])) for c in out.captured]
+                widths = [c.shape[1] for c in out.captured]
+                captured = list(out.captured[0].new_empty((ids.shape[0], sum(widths))).split(widths, dim=-1)) \
+                    if out.captured else []
             hidden[toks].copy_(out.hidden)
             for dst, c in zip(captured, out.captured, strict=True):
                 dst[toks].copy_(c)
