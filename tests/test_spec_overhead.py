@@ -32,7 +32,7 @@ def plain(model):
 
 
 def draft_engine(model, async_scheduling: bool, graphs: bool, catch_up_max: int = 256, catch_up_batch: int = 16,
-                 plan=None):
+                 plan=None, **kw):
     """A draft_model engine (a 1-layer tiny drafter on MetadataBackend) whose policy is scripted: k at
     every PROBE_EVERY-th plan, 0 otherwise. graphs: the drafter's graph runners in their eager
     capture=False mode (the CUDA path's shapes and static buffers, on the CPU), over a cache with one
@@ -40,7 +40,7 @@ def draft_engine(model, async_scheduling: bool, graphs: bool, catch_up_max: int 
     draft = tiny_model(tiny_config(layers=1), seed=1)
     draft.attn_backend = MetadataBackend()
     spec = {**SPECS["draft_model"], "model": "tiny-draft", "num_speculative_tokens": K, "adaptive": True}
-    eng = tiny_engine(model, spec=spec, draft_override=draft, async_scheduling=async_scheduling, max_num_seqs=4)
+    eng = tiny_engine(model, spec=spec, draft_override=draft, async_scheduling=async_scheduling, max_num_seqs=4, **kw)
     prop: DraftModelProposer = eng.proposer
     prop.catch_up_lens, prop.catch_up_batch = catch_up_lens(K, catch_up_max), catch_up_batch
     if graphs:
@@ -108,6 +108,28 @@ def test_loops_agree_with_catch_ups_in_rounds_and_groups(model, plain):
     sync, overlapped = run(False), run(True)
     assert sync[0] == ref and overlapped == sync
     assert sync[2] == 0 and sync[1][1] > 0
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_chunked_prompt_catch_up_in_graph_shapes(model, plain, async_scheduling):
+    """Prompts chunked over several steps (a 16-token step budget): observe() keeps the draft cache level
+    with each chunk in the graphs' catch-up shapes (groups, rounds of one catch_up_lens length), not in
+    eager forwards: no eager forward at all, the tokens are plain decoding's, and the acceptance counters
+    equal those of the engine whose drafter runs every forward eagerly."""
+    ps, ref = plain
+    keys = ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens_per_pos")
+
+    def run(graphs: bool):
+        eng = draft_engine(model, async_scheduling, graphs=graphs, catch_up_max=8, catch_up_batch=2,
+                           max_num_batched_tokens=16)
+        outs = [o.outputs[0].token_ids for o in run_all(eng, ps, GREEDY)]
+        m = eng.get_metrics()
+        return outs, [m[k] for k in keys], eng.proposer
+
+    (g_out, g_counts, g_prop), (e_out, e_counts, e_prop) = run(True), run(False)
+    assert g_out == ref and e_out == ref and g_counts == e_counts and g_counts[1] > 0
+    assert g_prop.num_eager_forwards == 0 < g_prop.num_graph_forwards
+    assert e_prop.num_eager_forwards > 0
 
 
 def _fresh_last_logits(draft, ids: list[int]) -> torch.Tensor:

@@ -18,8 +18,9 @@ planned at k = 0 leave (the draft cache is not kept up while nothing drafts: a k
 drafter nothing, and the first drafting step after it pays one forward for the gap). Gaps beyond
 catch_up_max take several such forwards, and batches beyond catch_up_batch run in groups of it, so
 that a catch-up never meets a shape first at run time (an eager forward of a new shape compiles
-kernels mid-run: ~1 s stalls on the H200, docs/BENCHMARKS.md sessions 9-10). `num_graph_forwards`
-and `num_eager_forwards` count the drafter's forwards (observe()'s prompt catch-ups run eagerly).
+kernels mid-run: ~1 s stalls on the H200, docs/BENCHMARKS.md sessions 9-10). observe()'s catch-up of a
+prompt chunked over several steps takes the same shapes where there are graphs. `num_graph_forwards`
+and `num_eager_forwards` count the drafter's forwards.
 """
 
 from __future__ import annotations
@@ -131,7 +132,10 @@ class DraftModelProposer(Proposer):
             if w < req.num_computed_tokens:
                 todo.append((req, w))
         if todo:
-            self._prefill_chunks([(r, w, r.num_computed_tokens) for r, w in todo])
+            if self.graphs is None:
+                self._prefill_chunks([(r, w, r.num_computed_tokens) for r, w in todo])
+            else:
+                self._graph_prefill(todo)
             for r, _ in todo:
                 self.written[r.request_id] = r.num_computed_tokens
 
@@ -191,6 +195,24 @@ class DraftModelProposer(Proposer):
                 logits = self._forward_chunks(items, sources, logits=j == rounds - 1)
             out.append(logits)
         return out[0] if len(out) == 1 else torch.cat(out)
+
+    def _graph_prefill(self, todo: list[tuple[Request, int]]) -> None:
+        """observe()'s prompt catch-up in the graphs' shapes (with graphs): like _catch_up's after a gap,
+        groups of catch_up_batch requests in forwards of one catch_up_lens length each, ending at every
+        request's num_computed_tokens (recomputing positions the cache holds writes the same values).
+        An admission wave chunked over several steps ran one eager drafter forward per step (~10-20 ms
+        of launches for the 0.5B on the H200, at batch 64 where nothing drafts: docs/BENCHMARKS.md,
+        session 13)."""
+        needs = [r.num_computed_tokens - w for r, w in todo]
+        for g in range(0, len(todo), self.catch_up_batch):
+            group, need = todo[g : g + self.catch_up_batch], max(needs[g : g + self.catch_up_batch])
+            n = next((x for x in self.catch_up_lens if x >= need), self.catch_up_lens[-1])
+            rounds = -(-need // n)
+            for j in range(rounds):
+                back = (rounds - 1 - j) * n
+                items = [(r, n, r.num_computed_tokens - back) for (r, _), d in zip(group, needs[g:], strict=False)
+                         if d > back]
+                self._forward_chunks(items, {}, logits=False)
 
     def _forward_chunks(self, items: list[tuple[Request, int, int]], sources: dict,
                         logits: bool = True) -> torch.Tensor | None:
