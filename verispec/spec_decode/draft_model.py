@@ -132,10 +132,8 @@ class DraftModelProposer(Proposer):
             if w < req.num_computed_tokens:
                 todo.append((req, w))
         if todo:
-            if self.graphs is None:
+            if self.graphs is None or not self._graph_prefill(todo):
                 self._prefill_chunks([(r, w, r.num_computed_tokens) for r, w in todo])
-            else:
-                self._graph_prefill(todo)
             for r, _ in todo:
                 self.written[r.request_id] = r.num_computed_tokens
 
@@ -196,23 +194,32 @@ class DraftModelProposer(Proposer):
             out.append(logits)
         return out[0] if len(out) == 1 else torch.cat(out)
 
-    def _graph_prefill(self, todo: list[tuple[Request, int]]) -> None:
+    def _graph_prefill(self, todo: list[tuple[Request, int]]) -> bool:
         """observe()'s prompt catch-up in the graphs' shapes (with graphs): like _catch_up's after a gap,
         groups of catch_up_batch requests in forwards of one catch_up_lens length each, ending at every
         request's num_computed_tokens (recomputing positions the cache holds writes the same values).
         An admission wave chunked over several steps ran one eager drafter forward per step (~10-20 ms
         of launches for the 0.5B on the H200, at batch 64 where nothing drafts: docs/BENCHMARKS.md,
-        session 13)."""
+        session 13). Returns False, forwarding nothing, where the padded shapes would compute more than
+        twice the chunks' tokens (chunks of very different lengths): the caller runs them eagerly then."""
         needs = [r.num_computed_tokens - w for r, w in todo]
+        plan = []
         for g in range(0, len(todo), self.catch_up_batch):
-            group, need = todo[g : g + self.catch_up_batch], max(needs[g : g + self.catch_up_batch])
+            need = max(needs[g : g + self.catch_up_batch])
             n = next((x for x in self.catch_up_lens if x >= need), self.catch_up_lens[-1])
+            plan.append((g, need, n))
+        padded = sum(-(-need // n) * n * len(todo[g : g + self.catch_up_batch]) for g, need, n in plan)
+        if padded > 2 * sum(needs):
+            return False
+        for g, need, n in plan:
+            group = todo[g : g + self.catch_up_batch]
             rounds = -(-need // n)
             for j in range(rounds):
                 back = (rounds - 1 - j) * n
                 items = [(r, n, r.num_computed_tokens - back) for (r, _), d in zip(group, needs[g:], strict=False)
                          if d > back]
                 self._forward_chunks(items, {}, logits=False)
+        return True
 
     def _forward_chunks(self, items: list[tuple[Request, int, int]], sources: dict,
                         logits: bool = True) -> torch.Tensor | None:
