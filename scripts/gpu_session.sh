@@ -15,6 +15,7 @@
 #   cost       scripts/gpu_gates.sh phase B (the batch_invariant cost, timed);
 #   structured scripts/gpu_structured.sh (tok/s with and without a JSON schema);
 #   invariance scripts/gpu_invariance.sh beside training (issue 18's bf16 must-shows, ~6 min, untimed);
+#   inv_spec   `bench spec` at batch 1 and 16, --no-batch-invariant then --batch-invariant (issue 18's cost, ~3 min);
 #   k0         `bench spec --random-weights` none / ngram / dflash (untrained) at batch 1 and 64: what k = 0 costs;
 #   quant_lite `bench latency` at batch 1, quantization none vs gguf, on the 1.5B (~2 min);
 #   gguf / quant scripts/gpu_gguf.sh (~4 min) and scripts/gpu_quant.sh (~12 min): issue 20 on the GPU.
@@ -109,9 +110,20 @@ then
 fi
 want heldout && { mark heldout; spec heldout "${PROMPTS:-prompts/heldout_requests.jsonl}" none,ngram,draft_model,dflash 1,4,16,64; mark "heldout done rc=$?"; }
 want humaneval && { mark humaneval; spec humaneval humaneval.jsonl none,ngram,draft_model,dflash 1,4,16,64; mark "humaneval done rc=$?"; }
+# Issue 18's last cost cells: bench spec at batch 1 and 16 with and without batch_invariant (held-out requests;
+# ~3 min; the invariance stage's DFlash cells: DFLASH=<trained dir> SKIP_GATES=1 LOOP_BATCHES=16 gpu_invariance.sh)
+if want inv_spec; then
+  mark inv_spec
+  for bi in no-batch-invariant batch-invariant; do
+    $V bench spec --model $M --draft-model $D --methods none,ngram,draft_model --batch-sizes 1,16 \
+      --prompts "${PROMPTS:-prompts/heldout_requests.jsonl}" --num-prompts 32 --output-len 256 --repeats 1 --chat \
+      --waves 1 --$bi --json "$R/spec_inv_$bi.json" > "$R/spec_inv_$bi.log" 2>&1
+  done
+  mark "inv_spec done"
+fi
 # What k = 0 costs each method (random weights, an untrained DFlash drafter: the policy settles at 0)
 want k0 && { mark k0; $V bench spec --random-weights --model $M --methods none,ngram,dflash --dflash-model random \
-  --batch-sizes 1,64 --num-prompts 24 --output-len 128 --repeats 1 --waves 2 --json "$R/spec_k0.json" \
+  --batch-sizes 1,64 --prompts "${PROMPTS:-prompts/heldout_requests.jsonl}" --num-prompts 24 --output-len 128 --repeats 1 --waves 2 --json "$R/spec_k0.json" \
   > "$R/spec_k0.log" 2>&1; mark "k0 done rc=$?"; }
 # quantization="gguf" against the bf16 path at batch 1 on the 1.5B (issue 20; gpu_quant.sh is the full run)
 if want quant_lite; then
