@@ -49,16 +49,19 @@ def qwen15_path() -> Path:
 
 @pytest.fixture(scope="session")
 def llm05(qwen05_path):
-    """The real 0.5B on CPU in float32, dequantized (the reference path), shared by the session's tests."""
+    """The real 0.5B on CPU in float32, dequantized (the reference path), shared by the session's tests.
+    512 KV blocks (8,192 tokens, 200 MB) rather than the CPU default of 64 full contexts (3.2 GB, zeroed
+    at start-up and resident for the whole session): its tests run a few short requests at a time."""
     from verispec import LLM
 
     return LLM(QWEN05, device="cpu", dtype="float32", quantization="none", max_model_len=2048,
-               async_scheduling=False)
+               num_gpu_blocks=512, async_scheduling=False)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def hf05(qwen05_path):
-    """transformers' own GGUF loader on the same file, float32 on CPU (the reference)."""
+    """transformers' own GGUF loader on the same file, float32 on CPU (the reference); module-scoped so its
+    2 GB go when the module that compares against it is done."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -88,9 +91,10 @@ def llm_gemma(gemma_path):
                async_scheduling=False)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def hf_gemma(gemma_path):
-    """transformers' own GGUF loader on the same file (Gemma3ForCausalLM), float32 on CPU."""
+    """transformers' own GGUF loader on the same file (Gemma3ForCausalLM), float32 on CPU (module-scoped,
+    as hf05)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(gemma_path.parent), gguf_file=gemma_path.name, dtype=torch.float32)

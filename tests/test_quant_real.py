@@ -25,7 +25,8 @@ QWEN05 = "qwen2.5-coder-0.5b-instruct"
 def llm_q(qwen05_path):
     from verispec import LLM
 
-    return LLM(QWEN05, device="cpu", quantization="gguf", max_model_len=2048, async_scheduling=False)
+    return LLM(QWEN05, device="cpu", quantization="gguf", max_model_len=2048, num_gpu_blocks=512,  # 200 MB of KV
+               async_scheduling=False)
 
 
 def test_the_default_on_cpu_is_quantized_and_the_reference_is_not(llm05, llm_q):

@@ -169,7 +169,9 @@ def test_bench_serve(tiny_srv):
 def real_llm(qwen05_path):
     from verispec import LLM
 
-    return LLM("qwen2.5-coder-0.5b-instruct", device="cpu", max_model_len=1024)
+    # 200 MB of KV; no gc.freeze: the server's objects and the engine reference each other, and with the
+    # engine frozen that cycle (the model) outlived the module.
+    return LLM("qwen2.5-coder-0.5b-instruct", device="cpu", max_model_len=1024, num_gpu_blocks=512, gc_freeze=False)
 
 
 def test_real_model_openai_client(real_llm):

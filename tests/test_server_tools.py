@@ -86,7 +86,9 @@ def test_bad_tool_definitions_are_400s_naming_the_problem(tiny_srv, extra, needl
 def real(qwen05_local):
     from verispec import LLM
 
-    llm = LLM("qwen2.5-coder-0.5b-instruct", device="cpu", max_model_len=2048)
+    # 200 MB of KV; no gc.freeze: the server's objects and the engine reference each other, and with the
+    # engine frozen that cycle (the model, 2.6 GB) outlived the module.
+    llm = LLM("qwen2.5-coder-0.5b-instruct", device="cpu", max_model_len=2048, num_gpu_blocks=512, gc_freeze=False)
     s = ServerThread(llm.engine, "qwen").start()
     yield openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=300)
     s.stop()

@@ -258,7 +258,7 @@ def test_grammar_stop_ends_the_step_under_ignore_eos(qwen05_path, async_scheduli
 
     spec = {"method": "self", "num_speculative_tokens": 4, "adaptive": False}
     llm = LLM(str(qwen05_path), device="cpu", dtype="float32", quantization="none", max_model_len=512,
-              speculative_config=spec, async_scheduling=async_scheduling)
+              num_gpu_blocks=64, speculative_config=spec, async_scheduling=async_scheduling)  # 2 short chats
     qs = ["Is 7 a prime number? Answer yes or no.", "Is 9 a prime number? Answer yes or no."]
     sp = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True,
                         structured_outputs=StructuredOutputsParams(choice=["yes", "no"]))

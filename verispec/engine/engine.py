@@ -29,7 +29,7 @@ from verispec.engine.scheduler import Scheduler
 from verispec.outputs import CompletionOutput, RequestOutput
 from verispec.spec_decode.policy import SpeculationPolicy
 from verispec.spec_decode.proposer import Proposal
-from verispec.worker.grammar import GrammarBackend, RequestGrammar
+from verispec.worker.grammar import GrammarBackend, RequestGrammar, shared_backend
 from verispec.worker.step import StepResult
 
 
@@ -194,8 +194,7 @@ class LLMEngine:
         if params.structured_outputs is None:
             return None
         if self._grammars is None:
-            tok = self.tokenizer
-            self._grammars = GrammarBackend(tok.grammar_vocab(), self.model_config.vocab_size, sorted(tok.eos_token_ids))
+            self._grammars = shared_backend(self.tokenizer, self.model_config.vocab_size)
         return self._grammars.request_grammar(params.structured_outputs)
 
     def abort_request(self, request_id: str) -> None:

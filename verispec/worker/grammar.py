@@ -1,6 +1,7 @@
 """Grammar masks for structured outputs: compiled grammars, per-request matchers, bitmask rows.
 
-One `GrammarBackend` per engine compiles a request's checked xgrammar Grammar (core/structured.py)
+One `GrammarBackend` per tokenizer and logit width (`shared_backend`: built once per process, shared by
+the engines on that tokenizer) compiles a request's checked xgrammar Grammar (core/structured.py)
 against the engine's vocabulary (the tokenizer's byte-level spellings; ids the model has beyond the
 tokenizer are never allowed) and gives each constrained sequence its own host `GrammarMatcher`.
 
@@ -14,6 +15,8 @@ both reject it there, and the rows after it are never used (they allow everythin
 
 from __future__ import annotations
 
+import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +54,24 @@ class GrammarBackend:
     def new_bitmask(self, rows: int) -> torch.Tensor:
         """An int32 host bitmask [rows, ceil(vocab / 32)], every token allowed."""
         return torch.full((rows, (self.vocab_size + 31) // 32), -1, dtype=torch.int32)
+
+
+_SHARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> {(vocab_size, stops): backend}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_backend(tokenizer: Any, vocab_size: int) -> GrammarBackend:
+    """The GrammarBackend for a tokenizer object and a logit width, built once per process and shared
+    by every engine on that tokenizer (building one costs ~1 s for a 150k vocabulary: xgrammar's
+    TokenizerInfo; its compiled grammars are immutable and the compiler is thread-safe, and each
+    request still gets a matcher of its own). Dropped with the tokenizer."""
+    stops = tuple(sorted(tokenizer.eos_token_ids))
+    with _SHARED_LOCK:
+        per_tok = _SHARED.setdefault(tokenizer, {})
+        backend = per_tok.get((vocab_size, stops))
+        if backend is None:
+            backend = per_tok[(vocab_size, stops)] = GrammarBackend(tokenizer.grammar_vocab(), vocab_size, list(stops))
+        return backend
 
 
 @dataclass
