@@ -15,6 +15,7 @@
 #   cost       scripts/gpu_gates.sh phase B (the batch_invariant cost, timed);
 #   structured scripts/gpu_structured.sh (tok/s with and without a JSON schema);
 #   invariance scripts/gpu_invariance.sh beside training (issue 18's bf16 must-shows, ~6 min, untimed);
+#   inv_dflash `bench invariance` none + dflash at batch 1 / 16 in both loops, bf16 + batch_invariant (~3 min);
 #   inv_spec   `bench spec` at batch 1 and 16, --no-batch-invariant then --batch-invariant (issue 18's cost, ~3 min);
 #   k0         `bench spec --random-weights` none / ngram / dflash (untrained) at batch 1 and 64: what k = 0 costs;
 #   quant_lite `bench latency` at batch 1, quantization none vs gguf, on the 1.5B (~2 min);
@@ -120,6 +121,17 @@ if want inv_spec; then
       --waves 1 --$bi --json "$R/spec_inv_$bi.json" > "$R/spec_inv_$bi.log" 2>&1
   done
   mark "inv_spec done"
+fi
+# Issue 18's last invariance cell: DFlash at batch 16 in both loops (bf16 + batch_invariant; the trained drafter
+# of this lease, else an untrained one; ~2-3 min alone)
+if want inv_dflash; then
+  mark inv_dflash
+  dfl=random
+  [ -f "$R/dflash/model.safetensors" ] && dfl=$R/dflash
+  $V bench invariance --model $M --dtype bfloat16 --batch-invariant --prompts prompts/heldout_requests.jsonl --chat \
+    --num-prompts 32 --output-len 256 -k 3 --no-adaptive --loops sync,async --loop-batch-sizes 16 \
+    --methods none,dflash --dflash-model "$dfl" --batch-sizes 1,16 --json "$R/inv_dflash.json" > "$R/inv_dflash.log" 2>&1
+  mark "inv_dflash done rc=$?"
 fi
 # What k = 0 costs each method (random weights, an untrained DFlash drafter: the policy settles at 0)
 want k0 && { mark k0; $V bench spec --random-weights --model $M --methods none,ngram,dflash --dflash-model random \
