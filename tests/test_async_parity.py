@@ -330,3 +330,25 @@ def test_adaptive_plans_equal_with_preemption_in_flight(models, monkeypatch, met
     assert a_toks == s_toks
     assert a_c == s_c
     assert eng.blocks.num_free_blocks == eng.blocks.num_blocks
+
+
+def test_ngram_probe_hint_same_in_both_loops(models):
+    """ngram under a cost where only well-accepted drafts pay (k = 0 stretches, probes): the policy's probe
+    hint (a suffix match on each request's tokens but the newest, which the overlapped loop may not know
+    yet) is asked in both loops, and the loops agree on tokens and every acceptance counter, under
+    preemption, chunked prefill, prefix hits, stops and seeded sampling."""
+    prompts, params = scenario_prompts(vocab_hi=VOCAB - 12), scenario_params(32)
+    asked: dict[bool, list[bool]] = {}
+
+    def build(spec, a):
+        eng = tiny_engine(models[0], spec={**spec, "adaptive": True}, async_scheduling=a,
+                          step_cost=DraftsPayOnlyWhenAccepted(), **STRESS)
+        would_draft = eng.proposer.would_draft
+        log = asked.setdefault(a, [])
+        eng.proposer.would_draft = lambda reqs: log.append(would_draft(reqs)) or log[-1]
+        return eng
+
+    sync = run_scenario(build, "ngram", False, prompts, params)
+    overlapped = run_scenario(build, "ngram", True, prompts, params)
+    assert overlapped[0] == sync[0] and overlapped[1] == sync[1]
+    assert asked[True] == asked[False] and True in asked[False] and False in asked[False], asked

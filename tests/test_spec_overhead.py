@@ -178,17 +178,28 @@ def test_catch_up_lens():
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 def test_ngram_looks_up_nothing_at_zero_and_plans_repeat(model, async_scheduling, monkeypatch):
-    """ngram under the real policy: the lookups are exactly one per request of each drafting proposal
-    (none in steps planned at 0), and the same workload run again on the now idle engine makes the
+    """ngram under the real policy: the proposal lookups are exactly one per request of each drafting
+    proposal (none in steps planned at 0; the probe hint's, when a probe is due, apart), and the same workload run again on the now idle engine makes the
     same plans in the same order (the probe clock restarts) once the population counts are reset (as
     the bench does before every run; an engine keeps them), so it takes the same steps."""
     from verispec.spec_decode import ngram
 
     calls: list[int] = []
+    hinting: list[bool] = [False]
     lookup = ngram.ngram_lookup
-    monkeypatch.setattr(ngram, "ngram_lookup", lambda *a: calls.append(1) or lookup(*a))
+    monkeypatch.setattr(ngram, "ngram_lookup", lambda *a: (hinting[0] or calls.append(1)) and False or lookup(*a))
     spec = {**SPECS["ngram"], "num_speculative_tokens": K, "adaptive": True}
     eng = tiny_engine(model, spec=spec, async_scheduling=async_scheduling, max_num_seqs=4)
+    would_draft = eng.proposer.would_draft
+
+    def hint(requests):  # the policy's probe hint looks up too, only when a probe is due: not counted
+        hinting[0] = True
+        try:
+            return would_draft(requests)
+        finally:
+            hinting[0] = False
+
+    eng.proposer.would_draft = hint
     plans: list[int] = []
     plan, propose = eng.policy.plan, eng.proposer.propose
     drafting: list[int] = []

@@ -95,6 +95,32 @@ def test_never_accepted_goes_to_zero_and_probes():
     assert gaps == want and gaps[-1] == params.probe_max
 
 
+def test_probe_hint_replaces_the_floor():
+    """With a probe hint (the proposer says whether it would draft: ngram's suffix match), a dear probe
+    comes on the doubling schedule where the hint says yes (no floor: 8, 16, 32 ... plans apart), and
+    never where it says no (the wait starts again, no doubling); the hint is asked only when a probe is
+    due by the doubling schedule."""
+
+    class Dear:
+        def seconds(self, k: int, batch: int) -> float:
+            return 1.0 + 0.5 * k
+
+    for answer in (True, False):
+        pol = SpeculationPolicy(K, Dear())
+        asked = []
+        pol.probe_hint = lambda a=answer, log=asked, p=pol: log.append(p.idle_steps) or a
+        req = Request(pol)
+        req.run_until(700, accepted_prefix=0)
+        ks = [k for _, k in req.ks]
+        late = ks[ks.index(0):]
+        probes = [i for i, k in enumerate(late) if k > 0]
+        if answer:
+            gaps = [b - a for a, b in zip([-1, *probes], probes, strict=False)]
+            assert gaps[:6] == [8, 16, 32, 64, 128, 128], gaps
+        else:
+            assert probes == [] and asked and set(asked) == {pol.params.probe_min}
+
+
 def test_dear_probes_come_at_most_every_probe_floor():
     """A probe that costs half a plain step more (1 + 0.5 k): probes come no closer than 100 plans at 0
     (0.5 / (0.005 * 1.0)), so they add at most probe_budget (0.5%) to the time at k = 0; the doubling

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from array import array
 
+from verispec.core.placeholder import PLACEHOLDER
 from verispec.core.request import Request
 from verispec.spec_decode.proposer import Proposal, Proposer
 
@@ -38,6 +39,16 @@ class NgramProposer(Proposer):
     def __init__(self, num_speculative_tokens: int, n_min: int, n_max: int) -> None:
         super().__init__(num_speculative_tokens)
         self.n_min, self.n_max = n_min, n_max
+
+    def would_draft(self, requests: list[Request]) -> bool:
+        """Whether some request's tokens but the newest end in an n-gram that occurred earlier (the policy's
+        probe hint: the newest token may still be a placeholder in the overlapped loop, the rest is known
+        alike in both loops)."""
+        for req in requests:
+            tokens = req.all_token_ids[:-1]
+            if PLACEHOLDER not in tokens and ngram_lookup(tokens, 1, self.n_min, self.n_max):
+                return True
+        return False
 
     def propose(self, requests: list[Request], sources: dict | None = None) -> Proposal:
         out = Proposal()

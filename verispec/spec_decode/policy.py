@@ -46,7 +46,11 @@ drafter forward and a verify of 1 + probe_k rows, which the device waits for), s
 least probe_floor(batch): as many plain steps as make that extra at most `probe_budget` of their time
 (0.5%), within probe_min..probe_max (where probes are cheap the doubling schedule stands as it was). The clock starts afresh when a request arrives at an idle engine (reset_clock), so a workload run
 again makes the same plans. At a batch size where no k would pay even if every draft were accepted (could_pay), the policy
-does not probe at all.
+does not probe at all. A proposer that can tell from the tokens whether it would draft anything (ngram: a
+suffix of each request's tokens but the newest one recurs earlier, which both loops know: the newest
+may be a placeholder in the overlapped loop) gives the policy a probe hint: a probe due by the doubling
+schedule then comes without the floor where some request would get drafts, and not at all (the wait
+starts again) where none would.
 
 Everything here is a function of the counts the engine reports (observe) and the arguments of plan:
 no clocks, no randomness, no token values; sums are exact (math.fsum), so the order of the requests
@@ -59,6 +63,7 @@ synchronous and the overlapped loop.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from verispec.spec_decode.cost import StepCost
@@ -207,6 +212,10 @@ class SpeculationPolicy:
         self._probe_floor: dict[int, int] = {}  # batch -> probe_floor(batch)
         self._retired: list[str] = []  # finished requests, dropped after the next plan
         self.idle_steps = 0  # consecutive plans at k = 0 since the last drafting step
+        # The engine's probe hint (None: none): whether the proposer would find drafts for the requests being
+        # planned, from tokens both loops know (ngram: a suffix match; module docstring). Asked only when
+        # a probe is due by the doubling schedule.
+        self.probe_hint: Callable[[], bool] | None = None
         self.probe_every = self.params.probe_min
 
     def reset_clock(self) -> None:
@@ -302,7 +311,11 @@ class SpeculationPolicy:
             self.idle_steps, self.probe_every = 0, self.params.probe_min
         elif request_ids and self.could_pay(batch or len(request_ids)):
             self.idle_steps += 1
-            if self.idle_steps >= max(self.probe_every, self.probe_floor(batch or len(request_ids))):
+            hint = self.probe_hint() if self.probe_hint is not None and self.idle_steps >= self.probe_every else None
+            if hint is False:  # the drafter would find nothing to draft: wait another probe_every plans
+                self.idle_steps = 0
+            elif self.idle_steps >= (self.probe_every if hint else
+                                     max(self.probe_every, self.probe_floor(batch or len(request_ids)))):
                 self.idle_steps = 0
                 self.probe_every = min(2 * self.probe_every, self.params.probe_max)
                 k = self.params.probe_k
