@@ -194,9 +194,8 @@ def run_spec(bm: BenchModel, methods: list[str], batch_sizes: list[int], output_
             # tokens per prompt left ~1 s compiles in the timed speculative runs, session 9).
             drive(engine, ids, [greedy(output_len)] * len(ids), bm.device)
             runs = [drive(engine, ids, [greedy(output_len)] * len(ids), bm.device) for _ in range(repeats)]
-            policy = getattr(engine, "policy", None)
             # the adaptive policy's step cost at this batch size, k = 0..max (what it weighed drafts against)
-            cost_ms = [round(1e3 * c, 3) for c in policy.step_costs(b)] if policy is not None else None
+            cost_ms = [round(1e3 * c, 3) for c in engine.policy.step_costs(b)] if engine.policy is not None else None
             del engine
             free_memory()
             row, i = median_row([_row(bm, method, b, mk, run) for run in runs])

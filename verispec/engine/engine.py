@@ -105,11 +105,10 @@ class LLMEngine:
         # The latest launched step, and its requests that a stop (not the length) finished once its
         # values were committed: part of the batch the policy sees (_plan_drafts).
         self._latest_sched = None
-        self._stopped_latest: list[str] = []
-        self._stopped_latest_reqs: list[Request] = []
-        self._plan_requests: list[Request] = []
-        if self.policy is not None and hasattr(p.proposer, "would_draft"):
-            self.policy.probe_hint = lambda: p.proposer.would_draft(self._plan_requests)
+        self._stopped_latest: list[Request] = []
+        self._plan_ready: list[Request] = []
+        if self.policy is not None and hasattr(p.proposer, "would_draft"):  # (the same requests in both loops)
+            self.policy.probe_hint = lambda: p.proposer.would_draft(self._plan_ready + self._stopped_latest)
         # The overlapped loop collects its in-flight step before the next schedule (_step_async).
         self._drain_first = False
         self.spec = SpecCounters()
@@ -307,7 +306,7 @@ class LLMEngine:
     def _launched(self, sched) -> list:
         """Record the step just launched; returns the previous launched step's scheduled requests."""
         previous = self._latest_sched.scheduled if self._latest_sched is not None else []
-        self._latest_sched, self._stopped_latest, self._stopped_latest_reqs = sched, [], []
+        self._latest_sched, self._stopped_latest = sched, []
         return previous
 
     def _commit_optimistic(self, handle, counts: list[int] | None) -> None:
@@ -370,8 +369,7 @@ class LLMEngine:
             if req.finish_reason is not None and req.status is not finished:
                 if latest and req.finish_reason == "stop" and sampled is not None and not self.scheduler.length_reached(
                         req, s.output_base + len(sampled)):
-                    self._stopped_latest.append(rid)
-                    self._stopped_latest_reqs.append(req)
+                    self._stopped_latest.append(req)
                 self._finish(req, req.finish_reason)
             touched[g.request_id] = g
         self.num_verify_steps += verified
@@ -460,8 +458,8 @@ class LLMEngine:
         whenever their steps held the same requests. A step without ready requests plans nothing."""
         if not ready:
             return 0
-        ids = [r.request_id for r in ready] + self._stopped_latest
-        self._plan_requests = ready + self._stopped_latest_reqs  # (the probe hint's: the same set in both loops)
+        ids = [r.request_id for r in ready] + [r.request_id for r in self._stopped_latest]
+        self._plan_ready = ready
         k = self.policy.plan(ids)
         if k == 0:
             for r in ready:

@@ -107,17 +107,22 @@ class ShapeTable:
         return LinearForward(max(0.0, t0 - per_token * n0), per_token)
 
     def _at(self, b: int, q: int) -> float:
-        bs = self._measured[q]
-        i = bisect.bisect_left(bs, b)
-        if i < len(bs) and bs[i] == b:
-            return self.times[(b, q)]
-        if i == 0:
-            return self.times[(bs[0], q)]
-        if i == len(bs):  # past the largest measured batch: proportional
-            return self.times[(bs[-1], q)] * b / bs[-1]
-        lo, hi = bs[i - 1], bs[i]
-        t_lo, t_hi = self.times[(lo, q)], self.times[(hi, q)]
-        return t_lo + (t_hi - t_lo) * (b - lo) / (hi - lo)
+        return _by_batch(self._measured[q], lambda x: self.times[(x, q)], b)
+
+
+def _by_batch(measured: list[int], time_at, b: int) -> float:
+    """The time at batch b from times measured at the ascending batch sizes `measured` (time_at(x)): exact
+    where measured, the smallest's below it, proportional past the largest, linear between two."""
+    i = bisect.bisect_left(measured, b)
+    if i < len(measured) and measured[i] == b:
+        return time_at(b)
+    if i == 0:
+        return time_at(measured[0])
+    if i == len(measured):  # past the largest measured batch: proportional
+        return time_at(measured[-1]) * b / measured[-1]
+    lo, hi = measured[i - 1], measured[i]
+    t_lo, t_hi = time_at(lo), time_at(hi)
+    return t_lo + (t_hi - t_lo) * (b - lo) / (hi - lo)
 
 
 @dataclass(frozen=True)
@@ -137,16 +142,7 @@ class BatchTable:
     def __call__(self, num_tokens: int, num_seqs: int) -> float:
         n = max(1, num_seqs)
         b = next((x for x in self.pad_to if x >= n), n)
-        bs = sorted(self.times)
-        i = bisect.bisect_left(bs, b)
-        if i < len(bs) and bs[i] == b:
-            return self.times[b]
-        if i == 0:
-            return self.times[bs[0]]
-        if i == len(bs):
-            return self.times[bs[-1]] * b / bs[-1]
-        lo, hi = bs[i - 1], bs[i]
-        return self.times[lo] + (self.times[hi] - self.times[lo]) * (b - lo) / (hi - lo)
+        return _by_batch(sorted(self.times), self.times.__getitem__, b)
 
 
 @dataclass(frozen=True)

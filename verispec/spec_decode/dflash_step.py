@@ -26,6 +26,7 @@ these static inputs (_StepGraphs); the drafter attends through the target's atte
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -211,8 +212,6 @@ class DFlashStepRunner:
         """Seconds of a drafting step of b rows for each b: run() from its host preparation through the
         device's end (synchronized), over rows that read no context and write only scratch (the padding
         block); the median of `reps` after one warm-up. The cost model prices drafting with it."""
-        import time
-
         sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda *_: None)
         out = {}
         for b in batches:

@@ -181,44 +181,52 @@ class DraftModelProposer(Proposer):
         steady = self.catch_up_lens[0]
         if max(needs) <= steady:
             return self._forward_chunks([(r, steady, r.num_tokens) for r in reqs], sources)
-        out = []
-        for g in range(0, len(reqs), self.catch_up_batch):
-            group, need = reqs[g : g + self.catch_up_batch], max(needs[g : g + self.catch_up_batch])
-            n = next((x for x in self.catch_up_lens if x >= need), self.catch_up_lens[-1])
-            rounds = -(-need // n)
-            for j in range(rounds):
-                back = (rounds - 1 - j) * n  # tokens after this forward's chunk
-                # Earlier rounds only for requests whose gap reaches that far back.
-                items = [(r, n, r.num_tokens - back) for r, d in zip(group, needs[g:], strict=False) if d > back]
-                logits = self._forward_chunks(items, sources, logits=j == rounds - 1)
-            out.append(logits)
+        out = self._grouped_forwards(reqs, [r.num_tokens for r in reqs], needs, sources, logits=True)
         return out[0] if len(out) == 1 else torch.cat(out)
 
+    def _catch_up_len(self, need: int) -> int:
+        """The length of the catch-up forwards that cover a gap of `need` tokens (the longest, in rounds,
+        past catch_up_max)."""
+        return next((x for x in self.catch_up_lens if x >= need), self.catch_up_lens[-1])
+
+    def _grouped_forwards(self, reqs: list[Request], ends: list[int], needs: list[int], sources: dict,
+                          logits: bool) -> list[torch.Tensor | None]:
+        """Catch-up forwards in the graphs' shapes: groups of catch_up_batch requests, each group in rounds
+        of one catch_up_lens length, the last round ending at each request's ends[i] and earlier rounds
+        only for requests whose gap (needs[i]) reaches that far back. Per group, the logits of its last
+        round at each request's last token (logits=True) or None."""
+        out = []
+        for g in range(0, len(reqs), self.catch_up_batch):
+            group, g_ends, g_needs = (x[g : g + self.catch_up_batch] for x in (reqs, ends, needs))
+            need = max(g_needs)
+            n = self._catch_up_len(need)
+            rounds = -(-need // n)
+            res = None
+            for j in range(rounds):
+                back = (rounds - 1 - j) * n  # tokens after this forward's chunk
+                items = [(r, n, e - back) for r, e, d in zip(group, g_ends, g_needs, strict=True) if d > back]
+                res = self._forward_chunks(items, sources, logits=logits and j == rounds - 1)
+            out.append(res)
+        return out
+
     def _graph_prefill(self, todo: list[tuple[Request, int]]) -> bool:
-        """observe()'s prompt catch-up in the graphs' shapes (with graphs): like _catch_up's after a gap,
-        groups of catch_up_batch requests in forwards of one catch_up_lens length each, ending at every
+        """observe()'s prompt catch-up in the graphs' shapes (with graphs): _grouped_forwards ending at every
         request's num_computed_tokens (recomputing positions the cache holds writes the same values).
         An admission wave chunked over several steps ran one eager drafter forward per step (~10-20 ms
         of launches for the 0.5B on the H200, at batch 64 where nothing drafts: docs/BENCHMARKS.md,
         session 13). Returns False, forwarding nothing, where the padded shapes would compute more than
         twice the chunks' tokens (chunks of very different lengths): the caller runs them eagerly then."""
         needs = [r.num_computed_tokens - w for r, w in todo]
-        plan = []
-        for g in range(0, len(todo), self.catch_up_batch):
-            need = max(needs[g : g + self.catch_up_batch])
-            n = next((x for x in self.catch_up_lens if x >= need), self.catch_up_lens[-1])
-            plan.append((g, need, n))
-        padded = sum(-(-need // n) * n * len(todo[g : g + self.catch_up_batch]) for g, need, n in plan)
+        cb = self.catch_up_batch
+        padded = 0
+        for g in range(0, len(todo), cb):
+            need = max(needs[g : g + cb])
+            n = self._catch_up_len(need)
+            padded += -(-need // n) * n * len(needs[g : g + cb])
         if padded > 2 * sum(needs):
             return False
-        for g, need, n in plan:
-            group = todo[g : g + self.catch_up_batch]
-            rounds = -(-need // n)
-            for j in range(rounds):
-                back = (rounds - 1 - j) * n
-                items = [(r, n, r.num_computed_tokens - back) for (r, _), d in zip(group, needs[g:], strict=False)
-                         if d > back]
-                self._forward_chunks(items, {}, logits=False)
+        reqs = [r for r, _ in todo]
+        self._grouped_forwards(reqs, [r.num_computed_tokens for r in reqs], needs, {}, logits=False)
         return True
 
     def _forward_chunks(self, items: list[tuple[Request, int, int]], sources: dict,
