@@ -17,6 +17,7 @@
 #   invariance scripts/gpu_invariance.sh beside training (issue 18's bf16 must-shows, ~6 min, untimed);
 #   inv_dflash `bench invariance` none + dflash at batch 1 / 16 in both loops, bf16 + batch_invariant (~3 min);
 #   inv_spec   `bench spec` at batch 1 and 16, --no-batch-invariant then --batch-invariant (issue 18's cost, ~3 min);
+#   hint       `bench spec` none / ngram / draft_model on HumanEval at batch 1 and 64, ngram's held-out batch 64 (~4 min);
 #   k0         `bench spec --random-weights` none / ngram / dflash (untrained) at batch 1 and 64: what k = 0 costs;
 #   quant_lite `bench latency` at batch 1, quantization none vs gguf, on the 1.5B (~2 min);
 #   gguf / quant scripts/gpu_gguf.sh (~4 min) and scripts/gpu_quant.sh (~12 min): issue 20 on the GPU.
@@ -132,6 +133,14 @@ if want inv_dflash; then
     --num-prompts 32 --output-len 256 -k 3 --no-adaptive --loops sync,async --loop-batch-sizes 16 \
     --methods none,dflash --dflash-model "$dfl" --batch-sizes 1,16 --json "$R/inv_dflash.json" > "$R/inv_dflash.log" 2>&1
   mark "inv_dflash done rc=$?"
+fi
+# The ngram probe hint and the draft model's graph-shaped prompt catch-up (session 13, unmeasured): HumanEval at
+# batch 1 and 64, and ngram's batch-64 p50 on the held-out requests, REPEATS (3) runs each (~4 min)
+if want hint; then
+  mark hint
+  REPEATS=${REPEATS:-3} spec hint_humaneval humaneval.jsonl none,ngram,draft_model 1,64
+  REPEATS=${REPEATS:-3} spec hint_heldout "${PROMPTS:-prompts/heldout_requests.jsonl}" none,ngram 64
+  mark "hint done"
 fi
 # What k = 0 costs each method (random weights, an untrained DFlash drafter: the policy settles at 0)
 want k0 && { mark k0; $V bench spec --random-weights --model $M --methods none,ngram,dflash --dflash-model random \
