@@ -54,7 +54,7 @@ def gemv_configs(m: int) -> list[dict]:
     variant (BLOCK_M 1) of the same tiles."""
     out = []
     for bm, bn, bk, w in itertools.product([1, gm.GEMV_MAX_ROWS] if m == 1 else [gm.GEMV_MAX_ROWS],
-                                           [1, 2, 4, 8, 16], [256, 512, 1024], [4, 8]):
+                                           [1, 2, 4, 8, 16], [256, 512, 1024, 2048], [4, 8]):
         if 4 <= bn * bk // (32 * w) <= 64:
             out.append(dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=w))
     return out

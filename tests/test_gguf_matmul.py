@@ -80,6 +80,25 @@ def test_gemv_tiles_and_strided_rows(qtype):
     close(gm.gguf_gemv(x[1:2], w, config=one), gm.gguf_linear_ref(x[1:2], w), 1e-5)
 
 
+KQUANT = [pytest.param(int(t), id=t.name) for t in (T.Q4_K, T.Q6_K)]
+
+
+@pytest.mark.parametrize("qtype", KQUANT)
+def test_kquant_gemv_row_is_the_same_alone_and_in_a_batch(qtype):
+    """The super-block GEMV (Q4_K / Q6_K): a row's output is bit-identical alone, inside a batch of 5 and
+    through the single-row variant, so a request's logits do not depend on the rows beside it."""
+    k = small_k(qtype, tail=True)
+    w = rand_weight(qtype, 21, k, seed=11)
+    x = rand(5, k, seed=12)
+    cfg = dict(BLOCK_M=8, BLOCK_N=4, BLOCK_K=512, num_warps=4)
+    batch = gm.gguf_gemv(x, w, config=cfg)
+    for i in range(5):
+        assert torch.equal(gm.gguf_gemv(x[i:i + 1], w, config=cfg)[0], batch[i])
+    one = gm.gguf_gemv(x[2:3], w, config=dict(cfg, BLOCK_M=1))
+    assert torch.equal(one[0], batch[2])
+    assert gm.gemv_config(1, 21, k, qtype)["BLOCK_K"] % 256 == 0  # the default takes this kernel
+
+
 @pytest.mark.parametrize("qtype", TYPES)
 @pytest.mark.parametrize("m,split", [(17, 1), (45, 2), (3, 3)])
 def test_mma(qtype, m, split):

@@ -41,6 +41,7 @@ GROUP: dict[int, int] = {T.Q4_0: 16, T.Q4_1: 16, T.Q5_0: 16, T.Q5_1: 16, T.Q8_0:
                          T.Q4_K: 32, T.Q5_K: 32, T.Q6_K: 16}
 KERNEL_TYPES: frozenset[int] = frozenset(int(t) for t in GROUP)
 GEMV_MAX_ROWS = 16  # above this many rows gguf_linear takes the tensor-core kernel
+KQUANT_GEMV_TYPES: frozenset[int] = frozenset({int(T.Q4_K), int(T.Q6_K)})  # _kquant_gemv_kernel's types
 # Byte offsets of each type's float16 fields (d, and dmin / m where it has one) within a block.
 F16_FIELDS: dict[int, tuple[int, ...]] = {T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,),
                                           T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
@@ -295,6 +296,154 @@ def _gemv_kernel(
 
 
 @triton.jit
+def _q4k_bytes(w_ptr, n, N, s0, NSB: tl.constexpr, SB: tl.constexpr):
+    """Q4_K quant bytes [BN, SB, 4, 32] of super-blocks s0.. of rows n (chunk c's byte l holds element
+    64 c + l in its low nibble and 64 c + 32 + l in its high one), the blocks' byte offsets [BN, SB, 1] and
+    their mask. One contiguous 128-byte run per row and block: loaded before the tile before it is reduced."""
+    s = s0 + tl.arange(0, SB)[None, :, None]
+    blk = n.to(tl.int64)[:, None, None] * (NSB * 144) + s * 144
+    ok = (n < N)[:, None, None] & (s < NSB)
+    c = tl.arange(0, 4)[None, None, :]
+    q = tl.load(w_ptr + (blk + 16 + c * 32)[:, :, :, None] + tl.arange(0, 32)[None, None, None, :],
+                mask=ok[:, :, :, None], other=0)
+    return q, blk, ok
+
+
+@triton.jit
+def _q4k_scales(w_ptr, h_ptr, blk, ok):
+    """(d sc, dmin m) of sub-blocks 2 c and 2 c + 1 ([BN, SB, 4] each, c = 0..3) of the blocks at `blk`."""
+    c = tl.arange(0, 4)[None, None, :]
+    d, dmin = _f16(h_ptr, blk, ok), _f16(h_ptr, blk + 2, ok)
+    sc0, mn0 = _k_scale_min(w_ptr, blk, 2 * c, ok)
+    sc1, mn1 = _k_scale_min(w_ptr, blk, 2 * c + 1, ok)
+    return d * sc0, d * sc1, dmin * mn0, dmin * mn1
+
+
+@triton.jit
+def _q4k_dot(x_ptr, s0, lo, hi, a0, a1, b0, b1, NSB: tl.constexpr, SB: tl.constexpr):
+    """One row's sum over super-blocks s0.. of x[k] W[n, k] -> [BN]: per sub-block the integer quants'
+    products with x, then its scale and (times the sub-block's sum of x) its min."""
+    s = s0 + tl.arange(0, SB)[:, None, None]
+    k = s * 256 + tl.arange(0, 4)[None, :, None] * 64 + tl.arange(0, 32)[None, None, :]
+    xl = tl.load(x_ptr + k, mask=s < NSB, other=0.0).to(tl.float32)
+    xh = tl.load(x_ptr + k + 32, mask=s < NSB, other=0.0).to(tl.float32)
+    part = (a0 * tl.sum(lo * xl[None], axis=3) + a1 * tl.sum(hi * xh[None], axis=3)
+            - (b0 * tl.sum(xl, axis=2)[None] + b1 * tl.sum(xh, axis=2)[None]))
+    return tl.sum(tl.sum(part, axis=2), axis=1)
+
+
+@triton.jit
+def _q6k_bytes(w_ptr, n, N, s0, NSB: tl.constexpr, SB: tl.constexpr):
+    """Q6_K bytes of the half-blocks (128 elements) 2 s0.. of rows n: ql [BN, HB, 4, 16] (group j's byte e
+    holds element 16 j + e of the half in its low nibble and 64 + 16 j + e in its high one), qh [BN, HB, 4, 16]
+    (their 2 high bits, at bits 2 (j // 2) and 4 + 2 (j // 2)), the half-blocks' byte offsets and mask."""
+    hb = 2 * s0 + tl.arange(0, 2 * SB)[None, :, None]
+    blk = n.to(tl.int64)[:, None, None] * (NSB * 210) + (hb // 2) * 210
+    half = (hb % 2)
+    ok = (n < N)[:, None, None] & (hb < 2 * NSB)
+    j = tl.arange(0, 4)[None, None, :]
+    e = tl.arange(0, 16)[None, None, None, :]
+    ql = tl.load(w_ptr + (blk + half * 64 + j * 16)[:, :, :, None] + e, mask=ok[:, :, :, None], other=0)
+    qh = tl.load(w_ptr + (blk + 128 + half * 32 + (j % 2) * 16)[:, :, :, None] + e, mask=ok[:, :, :, None], other=0)
+    return ql, qh, blk + half * 8, blk, ok
+
+
+@triton.jit
+def _q6k_dot(x_ptr, s0, lo, hi, a0, a1, NSB: tl.constexpr, SB: tl.constexpr):
+    """One row's sum over the half-blocks 2 s0.. -> [BN] (lo / hi: the 6-bit quants 0..63, whose offset of 32
+    is taken off through each group's sum of x)."""
+    hb = 2 * s0 + tl.arange(0, 2 * SB)[:, None, None]
+    k = hb * 128 + tl.arange(0, 4)[None, :, None] * 16 + tl.arange(0, 16)[None, None, :]
+    xl = tl.load(x_ptr + k, mask=hb < 2 * NSB, other=0.0).to(tl.float32)
+    xh = tl.load(x_ptr + k + 64, mask=hb < 2 * NSB, other=0.0).to(tl.float32)
+    part = (a0 * (tl.sum(lo * xl[None], axis=3) - 32.0 * tl.sum(xl, axis=2)[None])
+            + a1 * (tl.sum(hi * xh[None], axis=3) - 32.0 * tl.sum(xh, axis=2)[None]))
+    return tl.sum(tl.sum(part, axis=2), axis=1)
+
+
+@triton.jit
+def _kquant_rows(x_ptr, w_ptr, h_ptr, M, stride_xm, acc, s0, raw,
+                 QTYPE: tl.constexpr, NSB: tl.constexpr, SB: tl.constexpr, BLOCK_M: tl.constexpr):
+    """acc [BLOCK_M, BN] plus every row's sum over the super-blocks s0.. whose bytes `raw` holds (from
+    _q4k_bytes / _q6k_bytes): the quants are unpacked once and reused by each row."""
+    rows = tl.arange(0, BLOCK_M)[:, None]
+    if QTYPE == _Q4_K:
+        q, blk, ok = raw
+        lo, hi = (q & 15).to(tl.float32), (q >> 4).to(tl.float32)
+        a0, a1, b0, b1 = _q4k_scales(w_ptr, h_ptr, blk, ok)
+    else:
+        ql, qh, sc_at, blk, ok = raw
+        sh = 2 * (tl.arange(0, 4) // 2)[None, None, :, None]
+        lo = ((ql & 15) | (((qh >> sh) & 3) << 4)).to(tl.float32)
+        hi = ((ql >> 4) | (((qh >> (sh + 4)) & 3) << 4)).to(tl.float32)
+        j = tl.arange(0, 4)[None, None, :]
+        d = _f16(h_ptr, blk + 208, ok)
+        c0 = _u8(w_ptr, sc_at + 192 + j, ok)
+        c1 = _u8(w_ptr, sc_at + 196 + j, ok)
+        a0 = d * (c0 - ((c0 & 128) << 1)).to(tl.float32)
+        a1 = d * (c1 - ((c1 & 128) << 1)).to(tl.float32)
+    if BLOCK_M == 1:
+        if QTYPE == _Q4_K:
+            acc += _q4k_dot(x_ptr, s0, lo, hi, a0, a1, b0, b1, NSB, SB)[None, :]
+        else:
+            acc += _q6k_dot(x_ptr, s0, lo, hi, a0, a1, NSB, SB)[None, :]
+    else:
+        m = 0
+        while m < M:
+            if QTYPE == _Q4_K:
+                part = _q4k_dot(x_ptr + m * stride_xm, s0, lo, hi, a0, a1, b0, b1, NSB, SB)
+            else:
+                part = _q6k_dot(x_ptr + m * stride_xm, s0, lo, hi, a0, a1, NSB, SB)
+            acc = tl.where(rows == m, acc + part[None, :], acc)
+            m += 1
+    return acc
+
+
+@triton.jit
+def _kquant_bytes(w_ptr, n, N, s0, QTYPE: tl.constexpr, NSB: tl.constexpr, SB: tl.constexpr):
+    if QTYPE == _Q4_K:
+        return _q4k_bytes(w_ptr, n, N, s0, NSB, SB)
+    else:
+        return _q6k_bytes(w_ptr, n, N, s0, NSB, SB)
+
+
+@triton.jit
+def _kquant_gemv_kernel(
+    x_ptr, w_ptr, h_ptr, b_ptr, out_ptr, M, N, stride_xm, stride_om,
+    K: tl.constexpr, QTYPE: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SB: tl.constexpr, PDL: tl.constexpr,
+):
+    """_gemv_kernel for Q4_K and Q6_K, a super-block at a time: each program streams BLOCK_N rows of W,
+    SB super-blocks (256 elements) per step as contiguous byte runs, the next step's bytes requested before
+    the current ones are unpacked; a row's arithmetic does not depend on M (rows after the first repeat it)."""
+    NSB: tl.constexpr = K // 256
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.arange(0, BLOCK_M)[:, None]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    nxt = _kquant_bytes(w_ptr, n, N, 0, QTYPE, NSB, SB)  # weights: before the wait
+    nxt_up = nxt
+    if SILU_MUL:
+        nxt_up = _kquant_bytes(w_ptr, n + N, 2 * N, 0, QTYPE, NSB, SB)
+    wait_prior(PDL)
+    for s0 in range(0, NSB, SB):
+        cur, cur_up = nxt, nxt_up
+        nxt = _kquant_bytes(w_ptr, n, N, s0 + SB, QTYPE, NSB, SB)
+        if SILU_MUL:
+            nxt_up = _kquant_bytes(w_ptr, n + N, 2 * N, s0 + SB, QTYPE, NSB, SB)
+        acc = _kquant_rows(x_ptr, w_ptr, h_ptr, M, stride_xm, acc, s0, cur, QTYPE, NSB, SB, BLOCK_M)
+        if SILU_MUL:
+            acc_up = _kquant_rows(x_ptr, w_ptr, h_ptr, M, stride_xm, acc_up, s0, cur_up, QTYPE,
+                                  NSB, SB, BLOCK_M)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
+    if SILU_MUL:
+        acc = acc / (1.0 + tl.exp(-acc)) * acc_up
+    out = out_ptr + rows.to(tl.int64) * stride_om + n[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(rows < M) & (n < N)[None, :])
+
+
+@triton.jit
 def _mma_kernel(
     x_ptr, w_ptr, h_ptr, b_ptr, out_ptr, ws_ptr, M, N, stride_xm, stride_om,
     K: tl.constexpr, KS: tl.constexpr, QK: tl.constexpr, SIZE: tl.constexpr, G: tl.constexpr,
@@ -365,10 +514,15 @@ def _check(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None, silu_mul: 
 
 
 def gemv_config(m: int, n: int, k: int, qtype: int) -> dict:
-    """Tiles for _gemv_kernel: BLOCK_K 512 (256 for K < 1024), BLOCK_N rows per program so that even
-    narrow layers have >= ~2 programs per SM of the H200, BLOCK_M GEMV_MAX_ROWS whatever m (one compile
-    for every row count, and a row's result does not depend on how many rows came with it).
-    (First guesses: scripts/gpu_gguf.sh sweeps the alternatives.)"""
+    """Tiles for the GEMV. Q4_K / Q6_K (_kquant_gemv_kernel): BLOCK_K = 256 x the super-blocks per step, all of
+    a row's up to 8 (K <= 2048) or 8 at a time, and BLOCK_N rows so that a program's step reads ~4-8 KB.
+    Other types (_gemv_kernel): BLOCK_K 512 (256 for K < 1024), BLOCK_N so that even narrow layers have >= ~2
+    programs per SM of the H200. BLOCK_M GEMV_MAX_ROWS whatever m: one compile for every row count, and a row's
+    result does not depend on how many rows came with it. (First guesses: scripts/gpu_gguf.sh sweeps.)"""
+    if qtype in KQUANT_GEMV_TYPES:
+        sb = min(8, triton.next_power_of_2(max(1, k // 256)))
+        block_n = 8 if n >= 8 * 1024 else 4
+        return dict(BLOCK_M=GEMV_MAX_ROWS, BLOCK_N=block_n, BLOCK_K=256 * sb, num_warps=8 if block_n * sb >= 64 else 4)
     block_n = 8 if n >= 8 * 528 else (4 if n >= 4 * 264 else 2)
     return dict(BLOCK_M=GEMV_MAX_ROWS, BLOCK_N=block_n, BLOCK_K=512 if k >= 1024 else 256, num_warps=4)
 
@@ -408,10 +562,18 @@ def gguf_gemv(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None, 
     cfg = dict(config or gemv_config(x.shape[0], n, w.shape[1], w.qtype))
     if x.shape[0] > cfg["BLOCK_M"]:
         raise ValueError(f"gguf_gemv: {x.shape[0]} rows exceed BLOCK_M={cfg['BLOCK_M']}")
-    _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
-        x, w.blocks, w.blocks.view(torch.float16), bias if bias is not None else x, out, x.shape[0], n,
+    b, grid, pdl = bias if bias is not None else x, (triton.cdiv(n, cfg["BLOCK_N"]),), launch_kwargs(x.device, options.pdl)
+    if w.qtype in KQUANT_GEMV_TYPES and cfg["BLOCK_K"] % 256 == 0:
+        sb = cfg.pop("BLOCK_K") // 256
+        _kquant_gemv_kernel[grid](
+            x, w.blocks, w.blocks.view(torch.float16), b, out, x.shape[0], n, x.stride(0), out.stride(0),
+            K=w.shape[1], QTYPE=w.qtype, HAS_BIAS=bias is not None, SILU_MUL=silu_mul, SB=sb, **cfg, **pdl,
+        )
+        return out
+    _gemv_kernel[grid](
+        x, w.blocks, w.blocks.view(torch.float16), b, out, x.shape[0], n,
         x.stride(0), out.stride(0), **_type_args(w, cfg["BLOCK_K"]), HAS_BIAS=bias is not None, SILU_MUL=silu_mul,
-        **cfg, **launch_kwargs(x.device, options.pdl),
+        **cfg, **pdl,
     )
     return out
 
