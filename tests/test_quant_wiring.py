@@ -143,3 +143,23 @@ def test_gguf_on_a_folder_or_a_bad_name_is_a_value_error(tmp_path):
         load_model(str(tmp_path), torch.device("cpu"), torch.float32, progress=False, quantization="gguf")
     with pytest.raises(ValueError, match="quantization must be one of"):
         load_model(str(tmp_path), torch.device("cpu"), torch.float32, progress=False, quantization="awq")
+
+
+def test_kernel_segments_write_one_output_with_the_bias_and_fuse_silu_mul():
+    """All-GGUF segments (the CUDA path; here gguf_linear's CPU reference): forward writes each segment's
+    columns of one output with its part of the bias, and silu_mul on one [gate; up] segment is the
+    unfused silu(gate) * up."""
+    gm = pytest.importorskip("verispec.kernels.gguf_matmul")
+    q, v = gm.random_weight(int(T.Q4_K), 24, 256, seed=1), gm.random_weight(int(T.Q6_K), 9, 256, seed=2)
+    bias = torch.randn(33)
+    seg = dict(matmul=gm.gguf_linear, epilogues=True)
+    lin = QuantLinear([GGUFSegment(q, **seg), GGUFSegment(v, **seg)], bias, torch.float32)
+    assert lin.kernel_segments
+    x = torch.randn(3, 256)
+    dense = torch.cat([q.dequantize(), v.dequantize()])
+    torch.testing.assert_close(lin(x), x @ dense.t() + bias, rtol=1e-5, atol=1e-5)
+    gu = gm.random_weight(int(T.Q4_K), 2 * 21, 256, seed=3)
+    mlp_in = QuantLinear([GGUFSegment(gu, **seg)], None, torch.float32)
+    xs = torch.randn(4, 256) * 0.05
+    gate, up = (xs @ gu.dequantize().t()).chunk(2, dim=-1)
+    torch.testing.assert_close(mlp_in.silu_mul(xs), F.silu(gate) * up, rtol=1e-5, atol=1e-6)

@@ -63,7 +63,8 @@ def _cuda_segments(parts: list[Part], device: torch.device, dtype: torch.dtype, 
         if run:
             n = sum(p[2][0] for p in run)
             blocks = torch.cat([p[0].reshape(p[2][0], -1) for p in run]).to(device).contiguous()
-            segs.append(GGUFSegment(GGUFWeight(blocks, run[0][1], (n, run[0][2][1])), gguf_linear))
+            segs.append(GGUFSegment(GGUFWeight(blocks, run[0][1], (n, run[0][2][1])), gguf_linear,
+                                    epilogues=kernels is None))
             run.clear()
 
     for raw, t, shape in parts:

@@ -114,6 +114,8 @@ class MLP(nn.Module):
             o = k_.options
             return _reduced(self.tp, k_.linear(k_.gate_up_silu(x, self.gate_up_proj.weight, o), self.down_proj.weight,
                                                options=o))
+        if isinstance(self.gate_up_proj, QuantLinear):  # quantized: SiLU-and-mul in the kernel where it can
+            return _reduced(self.tp, self.down_proj(self.gate_up_proj.silu_mul(x)))
         y = self.gate_up_proj(x)
         gate, up = y.chunk(2, dim=-1)
         return _reduced(self.tp, self.down_proj(F.silu(gate) * up))

@@ -76,6 +76,7 @@ class GGUFSegment:
 
     weight: Any  # GGUFWeight: blocks uint8 [N, row bytes], qtype, shape (N, K)
     matmul: Callable[..., torch.Tensor]  # gguf_linear(x, w, bias=None)
+    epilogues: bool = False  # matmul also takes out= and silu_mul= (kernels/gguf_matmul.py's gguf_linear)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -114,7 +115,41 @@ class QuantLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.compute_dtype = compute_dtype
 
+    @property
+    def kernel_segments(self) -> bool:
+        """True when every segment is GGUF blocks run by a kernel with epilogues (the CUDA path: forward
+        writes each segment's columns of one output, bias in the kernel's epilogue; silu_mul is one kernel)."""
+        return all(isinstance(s, GGUFSegment) and s.epilogues for s in self.segments)
+
+    def _kernel_forward(self, x: torch.Tensor, silu_mul: bool = False) -> torch.Tensor:
+        """The segments' kernels on 2-D CUDA x, each writing its column slice of one [T, N] buffer (no
+        concatenation, no separate bias add); silu_mul: one [gate; up] segment -> silu(gate) * up."""
+        n = self.out_features // 2 if silu_mul else self.out_features
+        y = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
+        if silu_mul:
+            seg = self.segments[0]
+            return seg.matmul(x, seg.weight, out=y, silu_mul=True)
+        off = 0
+        for seg in self.segments:
+            rows = seg.shape[0]
+            bias = None if self.bias is None else self.bias[off: off + rows]
+            seg.matmul(x, seg.weight, bias, out=y if len(self.segments) == 1 else y[:, off: off + rows])
+            off += rows
+        return y
+
+    def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(x W_gate^T) * (x W_up^T) for a stacked [gate; up] weight: fused in the GGUF kernel's
+        epilogue where the weight is one CUDA GGUF segment without bias, else forward, then the two halves."""
+        if x.dim() == 2 and self.bias is None and len(self.segments) == 1 and self.kernel_segments \
+                and x.dtype == self.compute_dtype:
+            return self._kernel_forward(x, silu_mul=True)
+        gate, up = self(x).chunk(2, dim=-1)
+        return F.silu(gate) * up
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and self.kernel_segments and x.dtype == self.compute_dtype \
+                and (self.bias is None or self.bias.dtype == x.dtype):
+            return self._kernel_forward(x)
         one = self.segments[0] if len(self.segments) == 1 else None
         if isinstance(one, Int4Planes) and x.dim() == 2:  # the common case, with fewer ops (decode is op-bound)
             xc = (torch.cat([x] * one.planes, dim=1) if one.planes > 1 else x).to(self.compute_dtype)
