@@ -121,6 +121,33 @@ def test_probe_hint_replaces_the_floor():
             assert probes == [] and asked and set(asked) == {pol.params.probe_min}
 
 
+def test_probe_hint_counts_the_requests_that_would_draft():
+    """The hint is a count: at batch 64 under a cost where a step of k drafts costs 1 + 0.5 k plain steps,
+    drafts for 10 requests could not pay even if all were accepted ((64 + 10 k) / (1 + 0.5 k) < 64 for every
+    k), so no probe comes; for 48 requests they could (k = 4: 256 / 3 > 64 x 1.02), and probes come on the
+    doubling schedule without the floor. At batch 1 one request is enough."""
+
+    class Dear:
+        def seconds(self, k: int, batch: int) -> float:
+            return 1.0 + 0.5 * k
+
+    def probes(count: int, batch: int) -> list[int]:
+        pol = SpeculationPolicy(K, Dear())
+        pol.probe_hint = lambda: count
+        ids = [f"r{i}" for i in range(batch)]
+        for rid in ids:  # every request's drafts rejected: the plan is 0 from here on
+            for _ in range(30):
+                pol.observe(rid, K, 1, 0)
+        assert pol.plan(ids) == 0
+        return [i for i in range(400) if pol.plan(ids) > 0]
+
+    assert probes(10, 64) == [] and probes(0, 1) == []
+    for count, batch in ((48, 64), (1, 1)):
+        got = probes(count, batch)
+        gaps = [b - a for a, b in zip(got, got[1:], strict=False)]  # plans from a probe to the next
+        assert got[0] < 8 and gaps[:3] == [16, 32, 64], (count, batch, got)  # no floor (it would be 100)
+
+
 def test_dear_probes_come_at_most_every_probe_floor():
     """A probe that costs half a plain step more (1 + 0.5 k): probes come no closer than 100 plans at 0
     (0.5 / (0.005 * 1.0)), so they add at most probe_budget (0.5%) to the time at k = 0; the doubling

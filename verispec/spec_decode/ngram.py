@@ -40,15 +40,16 @@ class NgramProposer(Proposer):
         super().__init__(num_speculative_tokens)
         self.n_min, self.n_max = n_min, n_max
 
-    def would_draft(self, requests: list[Request]) -> bool:
-        """Whether some request's tokens but the newest end in an n-gram that occurred earlier (the policy's
-        probe hint: the newest token may still be a placeholder in the overlapped loop, the rest is known
-        alike in both loops)."""
+    def would_draft(self, requests: list[Request]) -> int:
+        """How many of the requests' tokens but the newest end in an n-gram that occurred earlier (the
+        policy's probe hint: the newest token may still be a placeholder in the overlapped loop, the rest is
+        known alike in both loops)."""
+        count = 0
         for req in requests:
             tokens = req.all_token_ids[:-1]
             if PLACEHOLDER not in tokens and ngram_lookup(tokens, 1, self.n_min, self.n_max):
-                return True
-        return False
+                count += 1
+        return count
 
     def propose(self, requests: list[Request], sources: dict | None = None) -> Proposal:
         out = Proposal()

@@ -46,11 +46,12 @@ drafter forward and a verify of 1 + probe_k rows, which the device waits for), s
 least probe_floor(batch): as many plain steps as make that extra at most `probe_budget` of their time
 (0.5%), within probe_min..probe_max (where probes are cheap the doubling schedule stands as it was). The clock starts afresh when a request arrives at an idle engine (reset_clock), so a workload run
 again makes the same plans. At a batch size where no k would pay even if every draft were accepted (could_pay), the policy
-does not probe at all. A proposer that can tell from the tokens whether it would draft anything (ngram: a
-suffix of each request's tokens but the newest one recurs earlier, which both loops know: the newest
+does not probe at all. A proposer that can tell from the tokens how many requests it would draft for (ngram: a
+suffix of the request's tokens but the newest one recurs earlier, which both loops know: the newest
 may be a placeholder in the overlapped loop) gives the policy a probe hint: a probe due by the doubling
-schedule then comes without the floor where some request would get drafts, and not at all (the wait
-starts again) where none would.
+schedule then comes without the floor where drafts could pay if those requests' drafts were all accepted
+(could_pay over just them: at batch 64, a step of 4 drafts that costs 3.3x a plain one needs 39 of them),
+and not at all (the wait starts again) where they could not.
 
 Everything here is a function of the counts the engine reports (observe) and the arguments of plan:
 no clocks, no randomness, no token values; sums are exact (math.fsum), so the order of the requests
@@ -208,14 +209,14 @@ class SpeculationPolicy:
         self.population = PopulationStats(max_k, self.params.population_strength) if self.params.population_prior \
             else None
         self._costs: dict[int, list[float]] = {}  # batch -> seconds of a step at k = 0..max_k
-        self._could_pay: dict[int, bool] = {}  # batch -> could_pay(batch)
+        self._could_pay: dict[tuple[int, int], bool] = {}  # (batch, drafting) -> could_pay
         self._probe_floor: dict[int, int] = {}  # batch -> probe_floor(batch)
         self._retired: list[str] = []  # finished requests, dropped after the next plan
         self.idle_steps = 0  # consecutive plans at k = 0 since the last drafting step
         # The engine's probe hint (None: none): whether the proposer would find drafts for the requests being
         # planned, from tokens both loops know (ngram: a suffix match; module docstring). Asked only when
         # a probe is due by the doubling schedule.
-        self.probe_hint: Callable[[], bool] | None = None
+        self.probe_hint: Callable[[], int] | None = None
         self.probe_every = self.params.probe_min
 
     def reset_clock(self) -> None:
@@ -280,14 +281,17 @@ class SpeculationPolicy:
                 best_k, best = k, rate
         return best_k
 
-    def could_pay(self, batch: int) -> bool:
+    def could_pay(self, batch: int, drafting: int | None = None) -> bool:
         """Whether drafts could pay at this batch size at all: some k beats a plain step even if every
-        draft were accepted (1 + k tokens). Where none does, plan() does not probe."""
-        c = self._could_pay.get(batch)
+        draft were accepted (1 + k tokens). Where none does, plan() does not probe. drafting: only that
+        many of the batch's requests would get drafts (the probe hint), the others emit 1 token a step."""
+        d = batch if drafting is None else min(drafting, batch)
+        c = self._could_pay.get((batch, d))
         if c is None:
             costs = self.step_costs(max(1, batch))
             gain = 1.0 + self.params.min_gain
-            c = self._could_pay[batch] = any((1 + k) / costs[k] > gain / costs[0] for k in range(1, self.max_k + 1))
+            c = self._could_pay[(batch, d)] = d > 0 and any(
+                (batch + d * k) / costs[k] > gain * batch / costs[0] for k in range(1, self.max_k + 1))
         return c
 
     def probe_floor(self, batch: int) -> int:
@@ -311,11 +315,12 @@ class SpeculationPolicy:
             self.idle_steps, self.probe_every = 0, self.params.probe_min
         elif request_ids and self.could_pay(batch or len(request_ids)):
             self.idle_steps += 1
+            b = batch or len(request_ids)
             hint = self.probe_hint() if self.probe_hint is not None and self.idle_steps >= self.probe_every else None
-            if hint is False:  # the drafter would find nothing to draft: wait another probe_every plans
-                self.idle_steps = 0
-            elif self.idle_steps >= (self.probe_every if hint else
-                                     max(self.probe_every, self.probe_floor(batch or len(request_ids)))):
+            if hint is not None and not self.could_pay(b, hint):
+                self.idle_steps = 0  # too few requests would get drafts for them to pay: wait probe_every more
+            elif self.idle_steps >= (self.probe_every if hint is not None else
+                                     max(self.probe_every, self.probe_floor(b))):
                 self.idle_steps = 0
                 self.probe_every = min(2 * self.probe_every, self.params.probe_max)
                 k = self.params.probe_k
