@@ -270,3 +270,17 @@ def test_gpu_cuda_graph_capture(m):
         x.copy_(rand(m, 8960, seed=seed, device="cuda", dtype=torch.bfloat16))
         graph.replay()
         close(out, gm.gguf_linear_ref(x, w), 1e-2)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("qtype", KQUANT)
+@pytest.mark.parametrize("n,k", GPU_SHAPES)
+def test_gpu_kquant_gemv_row_is_the_same_alone_and_in_a_batch(qtype, n, k):
+    """Compiled for the GPU, the single-row variant (one row) and the multi-row one (up to 16) give a row
+    bit-identical outputs, as the interpreter test above shows for the same code."""
+    w = rand_weight(qtype, n, k, seed=7, device="cuda")
+    x = rand(9, k, seed=8, device="cuda", dtype=torch.bfloat16)
+    batch = gm.gguf_linear(x, w)
+    for i in (0, 4, 8):
+        assert torch.equal(gm.gguf_linear(x[i:i + 1], w)[0], batch[i])

@@ -362,49 +362,77 @@ def _q6k_dot(x_ptr, s0, lo, hi, a0, a1, NSB: tl.constexpr, SB: tl.constexpr):
 
 
 @triton.jit
-def _kquant_rows(x_ptr, w_ptr, h_ptr, M, stride_xm, acc, s0, raw,
-                 QTYPE: tl.constexpr, NSB: tl.constexpr, SB: tl.constexpr, BLOCK_M: tl.constexpr):
-    """acc [BLOCK_M, BN] plus every row's sum over the super-blocks s0.. whose bytes `raw` holds (from
-    _q4k_bytes / _q6k_bytes): the quants are unpacked once and reused by each row."""
-    rows = tl.arange(0, BLOCK_M)[:, None]
-    if QTYPE == _Q4_K:
-        q, blk, ok = raw
-        lo, hi = (q & 15).to(tl.float32), (q >> 4).to(tl.float32)
-        a0, a1, b0, b1 = _q4k_scales(w_ptr, h_ptr, blk, ok)
-    else:
-        ql, qh, sc_at, blk, ok = raw
-        sh = 2 * (tl.arange(0, 4) // 2)[None, None, :, None]
-        lo = ((ql & 15) | (((qh >> sh) & 3) << 4)).to(tl.float32)
-        hi = ((ql >> 4) | (((qh >> (sh + 4)) & 3) << 4)).to(tl.float32)
-        j = tl.arange(0, 4)[None, None, :]
-        d = _f16(h_ptr, blk + 208, ok)
-        c0 = _u8(w_ptr, sc_at + 192 + j, ok)
-        c1 = _u8(w_ptr, sc_at + 196 + j, ok)
-        a0 = d * (c0 - ((c0 & 128) << 1)).to(tl.float32)
-        a1 = d * (c1 - ((c1 & 128) << 1)).to(tl.float32)
+def _q4k_rows(x_ptr, w_ptr, h_ptr, M, stride_xm, acc, s0, q, blk, ok,
+              NSB: tl.constexpr, SB: tl.constexpr, BLOCK_M: tl.constexpr):
+    """acc [BLOCK_M, BN] plus every row's sum over the super-blocks s0.. whose bytes q / blk / ok are
+    (_q4k_bytes): the nibbles unpacked once and reused by each row."""
+    lo, hi = (q & 15).to(tl.float32), (q >> 4).to(tl.float32)
+    a0, a1, b0, b1 = _q4k_scales(w_ptr, h_ptr, blk, ok)
     if BLOCK_M == 1:
-        if QTYPE == _Q4_K:
-            acc += _q4k_dot(x_ptr, s0, lo, hi, a0, a1, b0, b1, NSB, SB)[None, :]
-        else:
-            acc += _q6k_dot(x_ptr, s0, lo, hi, a0, a1, NSB, SB)[None, :]
+        acc += _q4k_dot(x_ptr, s0, lo, hi, a0, a1, b0, b1, NSB, SB)[None, :]
     else:
+        rows = tl.arange(0, BLOCK_M)[:, None]
         m = 0
         while m < M:
-            if QTYPE == _Q4_K:
-                part = _q4k_dot(x_ptr + m * stride_xm, s0, lo, hi, a0, a1, b0, b1, NSB, SB)
-            else:
-                part = _q6k_dot(x_ptr + m * stride_xm, s0, lo, hi, a0, a1, NSB, SB)
+            part = _q4k_dot(x_ptr + m * stride_xm, s0, lo, hi, a0, a1, b0, b1, NSB, SB)
             acc = tl.where(rows == m, acc + part[None, :], acc)
             m += 1
     return acc
 
 
 @triton.jit
-def _kquant_bytes(w_ptr, n, N, s0, QTYPE: tl.constexpr, NSB: tl.constexpr, SB: tl.constexpr):
-    if QTYPE == _Q4_K:
-        return _q4k_bytes(w_ptr, n, N, s0, NSB, SB)
+def _q6k_rows(x_ptr, w_ptr, h_ptr, M, stride_xm, acc, s0, ql, qh, sc_at, blk, ok,
+              NSB: tl.constexpr, SB: tl.constexpr, BLOCK_M: tl.constexpr):
+    """_q4k_rows for Q6_K (bytes from _q6k_bytes): 6-bit quants from ql's nibbles and qh's bit pairs,
+    int8 scales of 16 elements times d."""
+    sh = 2 * (tl.arange(0, 4) // 2)[None, None, :, None]
+    lo = ((ql & 15) | (((qh >> sh) & 3) << 4)).to(tl.float32)
+    hi = ((ql >> 4) | (((qh >> (sh + 4)) & 3) << 4)).to(tl.float32)
+    j = tl.arange(0, 4)[None, None, :]
+    d = _f16(h_ptr, blk + 208, ok)
+    c0 = _u8(w_ptr, sc_at + 192 + j, ok)
+    c1 = _u8(w_ptr, sc_at + 196 + j, ok)
+    a0 = d * (c0 - ((c0 & 128) << 1)).to(tl.float32)
+    a1 = d * (c1 - ((c1 & 128) << 1)).to(tl.float32)
+    if BLOCK_M == 1:
+        acc += _q6k_dot(x_ptr, s0, lo, hi, a0, a1, NSB, SB)[None, :]
     else:
-        return _q6k_bytes(w_ptr, n, N, s0, NSB, SB)
+        rows = tl.arange(0, BLOCK_M)[:, None]
+        m = 0
+        while m < M:
+            part = _q6k_dot(x_ptr + m * stride_xm, s0, lo, hi, a0, a1, NSB, SB)
+            acc = tl.where(rows == m, acc + part[None, :], acc)
+            m += 1
+    return acc
+
+
+@triton.jit
+def _q4k_sum(x_ptr, w_ptr, h_ptr, n, N, M, stride_xm, NSB: tl.constexpr, SB: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+    """x @ W[n]^T in float32 [BLOCK_M, BLOCK_N] over Q4_K rows n (< N): SB super-blocks a step, the next
+    step's bytes requested before the current ones are unpacked (the first ones before the PDL wait)."""
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    q, blk, ok = _q4k_bytes(w_ptr, n, N, 0, NSB, SB)
+    wait_prior(PDL)
+    for s0 in range(0, NSB, SB):
+        cq, cblk, cok = q, blk, ok
+        q, blk, ok = _q4k_bytes(w_ptr, n, N, s0 + SB, NSB, SB)
+        acc = _q4k_rows(x_ptr, w_ptr, h_ptr, M, stride_xm, acc, s0, cq, cblk, cok, NSB, SB, BLOCK_M)
+    return acc
+
+
+@triton.jit
+def _q6k_sum(x_ptr, w_ptr, h_ptr, n, N, M, stride_xm, NSB: tl.constexpr, SB: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+    """_q4k_sum for Q6_K rows."""
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    ql, qh, sc_at, blk, ok = _q6k_bytes(w_ptr, n, N, 0, NSB, SB)
+    wait_prior(PDL)
+    for s0 in range(0, NSB, SB):
+        cl, ch, csc, cblk, cok = ql, qh, sc_at, blk, ok
+        ql, qh, sc_at, blk, ok = _q6k_bytes(w_ptr, n, N, s0 + SB, NSB, SB)
+        acc = _q6k_rows(x_ptr, w_ptr, h_ptr, M, stride_xm, acc, s0, cl, ch, csc, cblk, cok, NSB, SB, BLOCK_M)
+    return acc
 
 
 @triton.jit
@@ -414,31 +442,24 @@ def _kquant_gemv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SB: tl.constexpr, PDL: tl.constexpr,
 ):
     """_gemv_kernel for Q4_K and Q6_K, a super-block at a time: each program streams BLOCK_N rows of W,
-    SB super-blocks (256 elements) per step as contiguous byte runs, the next step's bytes requested before
-    the current ones are unpacked; a row's arithmetic does not depend on M (rows after the first repeat it)."""
+    SB super-blocks (256 elements) per step as contiguous byte runs (_q4k_sum / _q6k_sum); a row's
+    arithmetic does not depend on M (rows after the first repeat it). SILU_MUL: the up rows (n + N)
+    follow the gate rows' pass."""
     NSB: tl.constexpr = K // 256
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)[:, None]
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    nxt = _kquant_bytes(w_ptr, n, N, 0, QTYPE, NSB, SB)  # weights: before the wait
-    nxt_up = nxt
-    if SILU_MUL:
-        nxt_up = _kquant_bytes(w_ptr, n + N, 2 * N, 0, QTYPE, NSB, SB)
-    wait_prior(PDL)
-    for s0 in range(0, NSB, SB):
-        cur, cur_up = nxt, nxt_up
-        nxt = _kquant_bytes(w_ptr, n, N, s0 + SB, QTYPE, NSB, SB)
+    if QTYPE == _Q4_K:
+        acc = _q4k_sum(x_ptr, w_ptr, h_ptr, n, N, M, stride_xm, NSB, SB, BLOCK_M, BLOCK_N, PDL)
         if SILU_MUL:
-            nxt_up = _kquant_bytes(w_ptr, n + N, 2 * N, s0 + SB, QTYPE, NSB, SB)
-        acc = _kquant_rows(x_ptr, w_ptr, h_ptr, M, stride_xm, acc, s0, cur, QTYPE, NSB, SB, BLOCK_M)
+            up = _q4k_sum(x_ptr, w_ptr, h_ptr, n + N, 2 * N, M, stride_xm, NSB, SB, BLOCK_M, BLOCK_N, False)
+            acc = acc / (1.0 + tl.exp(-acc)) * up
+    else:
+        acc = _q6k_sum(x_ptr, w_ptr, h_ptr, n, N, M, stride_xm, NSB, SB, BLOCK_M, BLOCK_N, PDL)
         if SILU_MUL:
-            acc_up = _kquant_rows(x_ptr, w_ptr, h_ptr, M, stride_xm, acc_up, s0, cur_up, QTYPE,
-                                  NSB, SB, BLOCK_M)
+            up = _q6k_sum(x_ptr, w_ptr, h_ptr, n + N, 2 * N, M, stride_xm, NSB, SB, BLOCK_M, BLOCK_N, False)
+            acc = acc / (1.0 + tl.exp(-acc)) * up
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
-    if SILU_MUL:
-        acc = acc / (1.0 + tl.exp(-acc)) * acc_up
     out = out_ptr + rows.to(tl.int64) * stride_om + n[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(rows < M) & (n < N)[None, :])
 
@@ -514,15 +535,17 @@ def _check(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None, silu_mul: 
 
 
 def gemv_config(m: int, n: int, k: int, qtype: int) -> dict:
-    """Tiles for the GEMV. Q4_K / Q6_K (_kquant_gemv_kernel): BLOCK_K = 256 x the super-blocks per step, all of
-    a row's up to 8 (K <= 2048) or 8 at a time, and BLOCK_N rows so that a program's step reads ~4-8 KB.
+    """Tiles for the GEMV. Q4_K / Q6_K (_kquant_gemv_kernel): BLOCK_K = 256 x the super-blocks per step (2 where
+    they divide a row of up to 8, else 4), BLOCK_N 8 rows for wide layers (the LM head, gate_up), else 4;
+    BLOCK_M 1 for one row (the single-row variant: fewer registers, the same arithmetic per row).
     Other types (_gemv_kernel): BLOCK_K 512 (256 for K < 1024), BLOCK_N so that even narrow layers have >= ~2
-    programs per SM of the H200. BLOCK_M GEMV_MAX_ROWS whatever m: one compile for every row count, and a row's
-    result does not depend on how many rows came with it. (First guesses: scripts/gpu_gguf.sh sweeps.)"""
+    programs per SM of the H200, BLOCK_M GEMV_MAX_ROWS whatever m (one compile for every row count). Either way a
+    row's result does not depend on how many rows came with it. (First guesses: scripts/gpu_gguf.sh sweeps.)"""
     if qtype in KQUANT_GEMV_TYPES:
-        sb = min(8, triton.next_power_of_2(max(1, k // 256)))
-        block_n = 8 if n >= 8 * 1024 else 4
-        return dict(BLOCK_M=GEMV_MAX_ROWS, BLOCK_N=block_n, BLOCK_K=256 * sb, num_warps=8 if block_n * sb >= 64 else 4)
+        nsb = max(1, k // 256)
+        sb = 2 if nsb % 2 == 0 and nsb <= 8 else 4
+        return dict(BLOCK_M=1 if m == 1 else GEMV_MAX_ROWS, BLOCK_N=8 if n >= 16384 else 4, BLOCK_K=256 * sb,
+                    num_warps=4)
     block_n = 8 if n >= 8 * 528 else (4 if n >= 4 * 264 else 2)
     return dict(BLOCK_M=GEMV_MAX_ROWS, BLOCK_N=block_n, BLOCK_K=512 if k >= 1024 else 256, num_warps=4)
 
