@@ -17,6 +17,43 @@ sys.path.insert(0, str(Path(__file__).parent))  # for tests/tiny.py
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+
+def _interpreter_math_by_value() -> None:
+    """In Triton's interpreter tl.dot is numpy's matmul, which hands float32 to the CPU's BLAS: its sum
+    order for one output element can change with the tile's shape and the element's place in it (seen with
+    numpy 2.4's OpenBLAS on this 2-core machine: the last query of a 150-row prefill tile got other last
+    bits than the same query alone), and numpy's float32 exp / exp2 / log / log2 can round an element
+    differently in the SIMD body than in the scalar tail. A kernel on the GPU does neither (one fixed order
+    per element), and the bit-exact invariance tests are about the kernels, not numpy: in the interpreter,
+    float32 dots and these functions are computed in float64 and rounded to float32, which depends on the
+    values alone (in practice: a float64 sum of float32 products rounds to the same float32 in any order)."""
+    import numpy as np
+    import triton.runtime.interpreter as interp
+
+    dot = interp.InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if a.data.dtype == np.float32 and b.data.dtype == np.float32 and d.data.dtype == np.float32:
+            prod = np.matmul(a.data.astype(np.float64), b.data.astype(np.float64)).astype(np.float32)
+            return interp.TensorHandle(prod + d.data, d.dtype.scalar)
+        return dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    def by_value(fn):
+        def op(self, arg):
+            def f(x):
+                return fn(x.astype(np.float64)).astype(x.dtype) if x.dtype == np.float32 else fn(x)
+            return self.unary_op(arg, f)
+        return op
+
+    b = interp.InterpreterBuilder
+    b.create_dot = create_dot
+    b.create_exp, b.create_exp2 = by_value(np.exp), by_value(np.exp2)
+    b.create_log, b.create_log2 = by_value(np.log), by_value(np.log2)
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _interpreter_math_by_value()
+
 QWEN05 = "qwen2.5-coder-0.5b-instruct"
 QWEN15 = "qwen2.5-coder-1.5b-instruct"
 GEMMA = "gemma-3-270m"
