@@ -73,8 +73,27 @@ def near(configs: list[dict], default: dict | None) -> list[dict]:
 
 
 def mma_configs(m: int, n: int, k: int, qtype: int) -> list[dict]:
-    """A few tiles around mma_config's: wider / narrower N and K tiles, 8 warps, split K on or off."""
+    """Tiles around mma_config's, most promising first (a budget cut keeps the head of the list). Q4_K / Q6_K:
+    the super-block kernel's knobs (a super-block in one part or two, W as the MMA's left or right operand,
+    BLOCK_N, BLOCK_M, warps, stages, split K: none, the default's, twice it) and the generic kernel's default for comparison; other types:
+    wider / narrower N and K tiles, 8 warps, split K on or off."""
     base = gm.mma_config(m, n, k, qtype)
+    if base.get("SB"):
+        bm, sp, w = base["BLOCK_M"], base["SPLIT_K"], base["num_warps"]
+        up = min(256, 2 * bm)
+        variants = [dict(PARTS=1), dict(SWAP=0), dict(BLOCK_N=128, num_warps=8), dict(BLOCK_N=128), dict(num_stages=3),
+                    dict(num_stages=1), dict(SPLIT_K=2 * sp), dict(SPLIT_K=1), dict(BLOCK_M=up, num_warps=8),
+                    dict(SWAP=0, BLOCK_N=32), dict(SWAP=0, BLOCK_N=128, num_warps=8), dict(num_warps=8 if w == 4 else 4),
+                    dict(BLOCK_M=max(16, bm // 2), num_warps=4), dict(BLOCK_M=64, num_warps=4, SPLIT_K=2 * sp),
+                    dict(SWAP=0, BLOCK_M=max(64, bm)), dict(BLOCK_N=128, BLOCK_M=up, num_warps=8),
+                    dict(PARTS=1, num_stages=1), dict(BLOCK_M=64, num_warps=4, num_stages=1)]
+        out = []
+        for v in variants:
+            c = dict(base, **v)
+            if c != base and c not in out:
+                out.append(c)
+        generic = {key: val for key, val in base.items() if key != "SB"}
+        return out + [dict(generic, BLOCK_K=64, num_stages=3)]
     out = []
     for bn, bk, w, st in [(64, 64, 4, 3), (128, 64, 4, 3), (64, 128, 4, 3), (128, 128, 8, 3), (32, 64, 4, 3),
                           (64, 32, 4, 4), (128, 32, 4, 4), (256, 64, 8, 3)]:
