@@ -31,6 +31,7 @@ import triton.language as tl
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from verispec.core.options import DEFAULT_OPTIONS, KernelOptions
+from verispec.kernels.l2_prefetch import prefetch_supported
 from verispec.kernels.linear import _splitk_reduce_kernel, splitk_split
 from verispec.kernels.pdl import launch_kwargs, wait_prior
 from verispec.loader.dequant import dequantize
@@ -486,11 +487,29 @@ def _sb_step(acc, x_rows, xm, w_ptr, h_ptr, i_ptr, row, b, ok, QTYPE: tl.constex
 
 
 @triton.jit
+def _prefetch_l2(ptrs):
+    """Ask L2 for the lines at `ptrs` (PTX prefetch.global.L2, a hint: no result, no fault). Compiled only
+    (the interpreter has no inline asm): callers guard it with a constexpr."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
+def _prefetch_block(w_ptr, n, N, b, NB: tl.constexpr, SIZE: tl.constexpr):
+    """L2 prefetch of super-block b (clamped to the row) of rows n (clamped to N): 8 addresses 30 bytes
+    apart cover every 32-byte sector of a 144- or 210-byte block. For Q6_K, whose bytes cannot be copied
+    asynchronously (2-byte aligned), so its loads would otherwise wait on HBM every step."""
+    rows = tl.minimum(n, N - 1).to(tl.int64) * (NB * SIZE)
+    off = tl.minimum(b, NB - 1) * SIZE + tl.minimum(tl.arange(0, 8) * 30, SIZE - 1)
+    _prefetch_l2(w_ptr + rows[:, None] + off[None, :])
+
+
+@triton.jit
 def _mma_sb_kernel(
     x_ptr, w_ptr, h_ptr, i_ptr, b_ptr, out_ptr, ws_ptr, M, N, stride_xm, stride_om,
     NB: tl.constexpr, SBS: tl.constexpr, QTYPE: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr,
     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP: tl.constexpr, PARTS: tl.constexpr,
-    DOT_PREC: tl.constexpr, PDL: tl.constexpr,
+    PREFETCH: tl.constexpr, DOT_PREC: tl.constexpr, PDL: tl.constexpr,
 ):
     """_mma_kernel for Q4_K / Q6_K, one 256-element super-block per K step (NB per row; split s covers
     super-blocks [s SBS, (s + 1) SBS)): the block's quant bytes load as contiguous tiles, the scales once per
@@ -513,6 +532,10 @@ def _mma_sb_kernel(
     acc_up = acc
     for t in range(0, SBS):  # a constant trip count; super-blocks past the row (last split) are masked
         b = s * SBS + t
+        if PREFETCH > 0:  # the block PREFETCH steps ahead, into L2
+            _prefetch_block(w_ptr, n, 2 * N if SILU_MUL else N, b + PREFETCH, NB, SIZE)
+            if SILU_MUL:
+                _prefetch_block(w_ptr, n + N, 2 * N, b + PREFETCH, NB, SIZE)
         ok = (n < N)[:, None] & (b < NB)
         xm = (m < M)[:, None] & (b < NB)
         acc = _sb_step(acc, x_rows, xm, w_ptr, h_ptr, i_ptr, row, b, ok, QTYPE, PARTS, SWAP, DOT_PREC)
@@ -592,7 +615,7 @@ def mma_config(m: int, n: int, k: int, qtype: int) -> dict:
     split = mma_split(n, k)
     if qtype in SB_TYPES:
         return dict(SB=1, BLOCK_M=bm, BLOCK_N=64, BLOCK_K=256, SPLIT_K=split, SWAP=1, PARTS=2,
-                    num_warps=8 if bm >= 128 else 4, num_stages=2)
+                    PREFETCH=1 if qtype == T.Q6_K else 0, num_warps=8 if bm >= 128 else 4, num_stages=2)
     return dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=64, SPLIT_K=split, num_warps=4, num_stages=3)
 
 
@@ -652,6 +675,7 @@ def gguf_mma(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None, c
         cfg.pop("BLOCK_K", None)  # always one super-block (256)
         cfg.setdefault("SWAP", 1)
         cfg.setdefault("PARTS", 1)
+        cfg["PREFETCH"] = cfg.get("PREFETCH", 0) if prefetch_supported(x.device) else 0  # inline PTX
         nb = k // 256
         sbs, split = splitk_split(nb, 1, cfg.pop("SPLIT_K", 1))
         ws = _workspace(x, m, n, split, silu_mul, out)
