@@ -358,8 +358,7 @@ def test_gpu_superblock_rows_do_not_depend_on_the_batch(qtype, n, k):
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("qtype", SB_TYPES)
-@pytest.mark.parametrize("swap", [1, 0])
-@pytest.mark.parametrize("parts", [2, 1])
+@pytest.mark.parametrize("swap,parts", [(1, 2), (0, 1)])
 def test_gpu_superblock_reads_every_weight_exactly(qtype, swap, parts):
     """Compiled: x = the identity gives the weight rounded to bf16, bit for bit (the tile order on the GPU)."""
     n, k = 200, 1536

@@ -11,6 +11,10 @@ float32, so the dequantized values are bit-identical (gguf_dequantize checks it;
     of x reuses each dequantized tile; float32 FMA reductions, no tensor cores.
   * _mma_kernel (more rows: prefill, big batches): tiles dequantized in the load, cast to x's dtype, and
     tl.dot; K optionally split across programs (float32 partials summed by linear.py's reduce kernel).
+  * _mma_sb_kernel (the same for Q4_K / Q6_K, the 1.5B's types): one 256-element super-block per K step,
+    its quant bytes as contiguous tiles, its scales once per block, each nibble / bit plane dotted with the
+    x columns it holds (x is read in the tile's element order: no shuffle of W); W is the MMA's left operand.
+    The K split depends on the shape only, so a row's result never depends on the rows that came with it.
 Epilogues: bias; silu_mul for a [gate; up] stacked weight (silu(gate) * up from the float32 sums); out= to
 write into a column slice (a fused projection whose parts differ in type: the 1.5B's v is Q6_K in half its
 layers, q and k Q4_K). gguf_linear picks the kernel on CUDA and falls back to gguf_linear_ref (dequantize,
