@@ -597,8 +597,9 @@ def gemv_config(m: int, n: int, k: int, qtype: int) -> dict:
 def mma_split(n: int, k: int, block_n: int = 64) -> int:
     """SPLIT_K of the tensor-core kernels: a function of the layer's shape only (a row's float32 sums must
     not depend on how many rows came with it): layers narrower than 100 column tiles of 64 split K in
-    powers of two while that keeps <= 200 programs per row tile and >= 2 super-blocks of 256 per split. Wide layers (gate_up, the LM head) have the programs already, and their workspace
-    would cost more than it gives."""
+    powers of two while that keeps <= 200 programs per row tile and >= 2 super-blocks of 256 per split.
+    Wide layers (gate_up, the LM head) have the programs already, and their workspace would cost more
+    than it gives."""
     tiles, split = triton.cdiv(n, block_n), 1
     if tiles >= 100:
         return 1
@@ -612,9 +613,10 @@ def mma_config(m: int, n: int, k: int, qtype: int) -> dict:
     PARTS 2 halves (ptxas for sm_90: ~160-220 registers instead of 255 and spills with silu_mul), BLOCK_N 64
     rows of W as the MMA's left operand (SWAP: the 64-row side of Hopper's instruction is N, x's rows its
     narrow side, so every M takes the same instruction), BLOCK_M the power of two >= m in 16..128, 8 warps
-    from 128 rows. SWAP and PARTS fix the order of a row's sums; they do not vary with m. Other types
-    (_mma_kernel): BLOCK_M as above, BLOCK_N 64, BLOCK_K 64. Both: K split by mma_split (the shape only).
-    (Not yet measured: scripts/gpu_gguf.sh sweeps the alternatives.)"""
+    from 128 rows, an L2 prefetch one block ahead for Q6_K (its loads are synchronous). SWAP and PARTS fix
+    the order of a row's sums; they do not vary with m. Other types (_mma_kernel): BLOCK_M as above,
+    BLOCK_N 64, BLOCK_K 64. Both: K split by mma_split (the shape only). (Not yet measured:
+    scripts/gpu_gguf_mma.sh sweeps the alternatives at M = 64 and 256.)"""
     bm = min(128, max(16, triton.next_power_of_2(m)))
     split = mma_split(n, k)
     if qtype in SB_TYPES:
