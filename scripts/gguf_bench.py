@@ -73,8 +73,30 @@ def near(configs: list[dict], default: dict | None) -> list[dict]:
 
 
 def mma_configs(m: int, n: int, k: int, qtype: int) -> list[dict]:
-    """A few tiles around mma_config's: wider / narrower N and K tiles, 8 warps, split K on or off."""
+    """Tiles around mma_config's, most promising first (a budget cut keeps the head of the list). Q4_K / Q6_K:
+    the super-block kernel's knobs (a super-block in one part or two, L2 prefetch 0 / 1 / 2 blocks ahead, W as
+    the MMA's left or right operand, BLOCK_N, BLOCK_M, warps, stages, split K: none, the default's, twice it) and the generic kernel's default for comparison; other types:
+    wider / narrower N and K tiles, 8 warps, split K on or off."""
     base = gm.mma_config(m, n, k, qtype)
+    if base.get("SB"):
+        bm, sp, w = base["BLOCK_M"], base["SPLIT_K"], base["num_warps"]
+        up = min(256, 2 * bm)
+        pf = base.get("PREFETCH", 0)
+        variants = [dict(PARTS=1), dict(PREFETCH=1 - min(pf, 1)), dict(SWAP=0), dict(BLOCK_N=128, num_warps=8),
+                    dict(PREFETCH=2), dict(BLOCK_N=128), dict(num_stages=3),
+                    dict(num_stages=1), dict(SPLIT_K=2 * sp), dict(SPLIT_K=1), dict(BLOCK_M=up, num_warps=8),
+                    dict(SWAP=0, BLOCK_N=32), dict(SWAP=0, BLOCK_N=128, num_warps=8), dict(num_warps=8 if w == 4 else 4),
+                    dict(BLOCK_M=max(16, bm // 2), num_warps=4), dict(BLOCK_M=64, num_warps=4, SPLIT_K=2 * sp),
+                    dict(SWAP=0, BLOCK_M=max(64, bm)), dict(BLOCK_N=128, BLOCK_M=up, num_warps=8),
+                    dict(PARTS=1, num_stages=1), dict(BLOCK_M=64, num_warps=4, num_stages=1),
+                    dict(BLOCK_M=up, num_warps=8, num_stages=1)]
+        out = []
+        for v in variants:
+            c = dict(base, **v)
+            if c != base and c not in out:
+                out.append(c)
+        generic = {key: val for key, val in base.items() if key not in ("SB", "SWAP", "PARTS", "PREFETCH")}
+        return out + [dict(generic, BLOCK_K=64, num_stages=3)]
     out = []
     for bn, bk, w, st in [(64, 64, 4, 3), (128, 64, 4, 3), (64, 128, 4, 3), (128, 128, 8, 3), (32, 64, 4, 3),
                           (64, 32, 4, 4), (128, 32, 4, 4), (256, 64, 8, 3)]:
@@ -115,7 +137,7 @@ def line(r: dict) -> str:
 
 def run_shape(args, layer: tuple[str, int, int], deadline: float, time_it, results: list[dict]) -> None:
     """One layer shape: dense bf16, then each type with its default tiles (checked against the reference),
-    then the sweep of --sweep-qtypes until `deadline`."""
+    then the sweep of --sweep-qtypes until `deadline` (each swept type its share of the time left)."""
     name, n, k = layer
     dev, rows = args.device, args.rows
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
@@ -129,9 +151,12 @@ def run_shape(args, layer: tuple[str, int, int], deadline: float, time_it, resul
     dense_t = {m: (time_it(lambda w, x=x: linear(x, w), dense), time_it(lambda w, x=x: F.linear(x, w), dense),
                    x.numel() * x.element_size() * (1 + n / k)) for m, x in xs.items()}
     del dense
+    start = time.time()
+    swept = [q for q in args.qtypes if q in args.sweep_qtypes]
     for qt in args.qtypes:
         if k % gm.GGML_QUANT_SIZES[gm.T(qt)][0]:
             continue
+        share = start + (deadline - start) * (swept.index(qt) + 1) / len(swept) if qt in swept else deadline
         nbytes_w = gm.random_weight(qt, 1, k).nbytes * n
         ws = [gm.random_weight(qt, n, k, seed=i, device=dev) for i in range(copies(dev, nbytes_w))]
         ctx = dict(layer=name, n=n, k=k, qt=qt, xs=xs, ws=ws, dense_t=dense_t, nbytes_w=nbytes_w,
@@ -158,7 +183,7 @@ def run_shape(args, layer: tuple[str, int, int], deadline: float, time_it, resul
         todo = [g[i] for i in range(max(map(len, groups), default=0)) for g in groups if i < len(g)]
         best = dict(defaults)
         for i, (m, kname, c) in enumerate(todo):
-            if time.time() > deadline:
+            if time.time() > share:
                 print(f"  ({name}: sweep budget spent, {len(todo) - i} of {len(todo)} configs untried)")
                 break
             if m in defaults and c == defaults[m]["config"]:

@@ -111,6 +111,86 @@ def test_mma(qtype, m, split):
     close(gm.gguf_mma(x, w, b, config=cfg), gm.gguf_linear_ref(x, w, b), 1e-5)
 
 
+SB_TYPES = [pytest.param(int(t), id=t.name) for t in (T.Q4_K, T.Q6_K)]
+
+
+def sb_cfg(**kw) -> dict:
+    """A super-block (_mma_sb_kernel) config with small tiles: few interpreted programs."""
+    return dict(dict(SB=1, BLOCK_M=16, BLOCK_N=16, SPLIT_K=1, SWAP=1, PARTS=2, num_warps=4, num_stages=2), **kw)
+
+
+@pytest.mark.parametrize("qtype", SB_TYPES)
+@pytest.mark.parametrize("swap,parts", [(1, 2), (0, 2), (1, 1), (0, 1)])
+@pytest.mark.parametrize("m,n,split", [(17, 45, 1), (3, 37, 2), (40, 19, 3)])
+def test_mma_superblock(qtype, swap, parts, m, n, split):
+    """The Q4_K / Q6_K super-block kernel, W as either MMA operand, a super-block in one part or two: odd
+    M and N (partial tiles), a bias, 3 super-blocks of K split 2 (2 + 1: the last split's second step is
+    past the row) or 3 ways."""
+    k = 768
+    w = rand_weight(qtype, n, k, seed=m + n)
+    x, b = rand(m, k, seed=m), rand(n, seed=9)
+    out = gm.gguf_mma(x, w, b, config=sb_cfg(SWAP=swap, PARTS=parts, SPLIT_K=split))
+    close(out, gm.gguf_linear_ref(x, w, b), 1e-5)
+
+
+@pytest.mark.parametrize("qtype", SB_TYPES)
+@pytest.mark.parametrize("swap,parts", [(1, 2), (0, 1)])
+def test_mma_superblock_reads_every_weight_exactly(qtype, swap, parts):
+    """x = the identity: each output is one weight times 1 plus zeros, so the kernel's result is the
+    dequantized weight itself, bit for bit (every element's place in the nibble / bit-plane K order)."""
+    n, k = 21, 512
+    w = rand_weight(qtype, n, k, seed=5)
+    out = gm.gguf_mma(torch.eye(k), w, config=sb_cfg(BLOCK_M=64, SWAP=swap, PARTS=parts, SPLIT_K=2))
+    assert torch.equal(out, w.dequantize().T)
+
+
+def test_mma_config_split_does_not_depend_on_rows():
+    """The K split (and so each row's float32 sums) is a function of the layer's shape alone."""
+    for n, k in [(2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960), (151936, 1536), (45, 768)]:
+        for qtype in (int(T.Q4_K), int(T.Q6_K), int(T.Q8_0)):
+            splits = {gm.mma_config(m, n, k, qtype)["SPLIT_K"] for m in (1, 17, 37, 64, 100, 256, 4096)}
+            assert len(splits) == 1, (n, k, gm.type_name(qtype), splits)
+    assert gm.mma_config(64, 1536, 8960, int(T.Q4_K))["SB"] == 1 and "SB" not in gm.mma_config(64, 64, 64, 8)
+
+
+_ROW_CHECK = """
+import torch
+from verispec.kernels import gguf_matmul as gm
+for qtype, k in ((12, 768), (14, 512)):
+    w = gm.random_weight(qtype, 45, k, seed=qtype)
+    x = torch.randn(100, k, generator=torch.Generator().manual_seed(1))
+    for split in (1, 2):
+        for swap in (1, 0):
+            cfg = lambda m: dict(gm.mma_config(m, 45, k, qtype), SPLIT_K=split, SWAP=swap)
+            assert [cfg(m)["BLOCK_M"] for m in (1, 37, 100)] == [16, 64, 128]
+            alone = gm.gguf_mma(x[:1], w, config=cfg(1))
+            b37 = gm.gguf_mma(x[:37], w, config=cfg(37))
+            b100 = gm.gguf_mma(x, w, config=cfg(100))
+            assert torch.equal(alone[0], b37[0]) and torch.equal(alone[0], b100[0]), (qtype, split, swap)
+            assert torch.equal(b37, b100[:37]), (qtype, split, swap)
+print("rows ok")
+"""
+
+
+def test_mma_superblock_rows_do_not_depend_on_the_batch():
+    """A row's result does not depend on the rows that come with it, bit for bit: the first row alone
+    (BLOCK_M 16) and inside batches of 37 (BLOCK_M 64) and 100 (BLOCK_M 128); the 37 rows alone and as the
+    first 37 of the 100. In a child process with single-threaded BLAS, and only at equal positions in the
+    tile: the interpreter's tl.dot is numpy's matmul, and OpenBLAS sums a product's entries in an order
+    that depends on its thread split and on the entry's place in its micro-kernel (the GPU test checks every
+    row of a batch against the row alone)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, TRITON_INTERPRET="1", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-c", _ROW_CHECK], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "rows ok" in r.stdout, r.stderr[-2000:]
+
+
 SILU_TYPES = [pytest.param(int(t), id=t.name) for t in (T.Q4_K, T.Q6_K, T.Q5_0)]
 
 
@@ -120,9 +200,13 @@ SILU_TYPES = [pytest.param(int(t), id=t.name) for t in (T.Q4_K, T.Q6_K, T.Q5_0)]
     ("gemv", 5, None),
     ("mma", 19, dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=64, SPLIT_K=1, num_warps=4, num_stages=2)),
     ("mma", 19, dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=64, SPLIT_K=2, num_warps=4, num_stages=2)),
+    ("sb", 19, sb_cfg()),
+    ("sb", 19, sb_cfg(SPLIT_K=2, SWAP=0)),
 ])
 def test_silu_mul(qtype, kernel, m, cfg):
     """gate_up stacked [gate; up]: silu(x @ gate^T) * (x @ up^T) in the epilogue (split K: in the reduce)."""
+    if kernel == "sb" and qtype not in gm.SB_TYPES:
+        pytest.skip("the super-block kernel is Q4_K / Q6_K only")
     inter, k = 21, small_k(qtype)
     w = rand_weight(qtype, 2 * inter, k, seed=m)
     x = rand(m, k, seed=m + 1) * 0.02  # gate sums of a few units: SiLU's curved part, no exp overflow
@@ -238,7 +322,7 @@ def test_gpu_real_shapes(qtype, n, k):
     float32 products leave only the output's rounding; the tensor-core kernel also rounds W to bf16."""
     w = rand_weight(qtype, n, k, seed=n + k, device="cuda")
     b = rand(n, seed=1, device="cuda", dtype=torch.bfloat16)
-    for m in (1, 5, 16, 17, 256):  # the GEMV (one compile for all), partial and full tensor-core tiles
+    for m in (1, 5, 16, 17, 64, 256):  # the GEMV (one compile for all), partial and full tensor-core tiles
         x = rand(m, k, seed=m, device="cuda", dtype=torch.bfloat16)
         close(gm.gguf_linear(x, w, b), gm.gguf_linear_ref(x, w, b), 1e-2)
     assert torch.equal(gm.gguf_dequantize(w), w.dequantize())
@@ -284,3 +368,34 @@ def test_gpu_kquant_gemv_row_is_the_same_alone_and_in_a_batch(qtype, n, k):
     batch = gm.gguf_linear(x, w)
     for i in (0, 4, 8):
         assert torch.equal(gm.gguf_linear(x[i:i + 1], w)[0], batch[i])
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("qtype", SB_TYPES)
+@pytest.mark.parametrize("n,k", [(1536, 8960), (2048, 1536)])
+def test_gpu_superblock_rows_do_not_depend_on_the_batch(qtype, n, k):
+    """Compiled bf16, the default configs (split K on these shapes; BLOCK_M 16 / 64 / 128 with 4 / 4 / 8
+    warps): every row of batches of 37 and 256 equals the row alone, bit for bit."""
+    w = rand_weight(qtype, n, k, seed=3, device="cuda")
+    x = rand(256, k, seed=4, device="cuda", dtype=torch.bfloat16)
+    b256 = gm.gguf_mma(x, w)
+    b37 = gm.gguf_mma(x[:37], w)
+    assert torch.equal(b37, b256[:37])
+    for r in range(37):
+        assert torch.equal(gm.gguf_mma(x[r : r + 1], w)[0], b37[r]), r
+    for r in (37, 100, 255):
+        assert torch.equal(gm.gguf_mma(x[r : r + 1], w)[0], b256[r]), r
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("qtype", SB_TYPES)
+@pytest.mark.parametrize("swap,parts", [(1, 2), (0, 1)])
+def test_gpu_superblock_reads_every_weight_exactly(qtype, swap, parts):
+    """Compiled: x = the identity gives the weight rounded to bf16, bit for bit (the tile order on the GPU)."""
+    n, k = 200, 1536
+    w = rand_weight(qtype, n, k, seed=6, device="cuda")
+    cfg = dict(gm.mma_config(k, n, k, qtype), SWAP=swap, PARTS=parts)
+    out = gm.gguf_mma(torch.eye(k, device="cuda", dtype=torch.bfloat16), w, config=cfg)
+    assert torch.equal(out, w.dequantize().to(torch.bfloat16).T)

@@ -11,6 +11,10 @@ float32, so the dequantized values are bit-identical (gguf_dequantize checks it;
     of x reuses each dequantized tile; float32 FMA reductions, no tensor cores.
   * _mma_kernel (more rows: prefill, big batches): tiles dequantized in the load, cast to x's dtype, and
     tl.dot; K optionally split across programs (float32 partials summed by linear.py's reduce kernel).
+  * _mma_sb_kernel (the same for Q4_K / Q6_K, the 1.5B's types): one 256-element super-block per K step,
+    its quant bytes as contiguous tiles, its scales once per block, each nibble / bit plane dotted with the
+    x columns it holds (x is read in the tile's element order: no shuffle of W); W is the MMA's left operand.
+    The K split depends on the shape only, so a row's result never depends on the rows that came with it.
 Epilogues: bias; silu_mul for a [gate; up] stacked weight (silu(gate) * up from the float32 sums); out= to
 write into a column slice (a fused projection whose parts differ in type: the 1.5B's v is Q6_K in half its
 layers, q and k Q4_K). gguf_linear picks the kernel on CUDA and falls back to gguf_linear_ref (dequantize,
@@ -31,6 +35,7 @@ import triton.language as tl
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from verispec.core.options import DEFAULT_OPTIONS, KernelOptions
+from verispec.kernels.l2_prefetch import prefetch_supported
 from verispec.kernels.linear import _splitk_reduce_kernel, splitk_split
 from verispec.kernels.pdl import launch_kwargs, wait_prior
 from verispec.loader.dequant import dequantize
@@ -509,6 +514,222 @@ def _mma_kernel(
             tl.store(ws + N, acc_up, mask=mask)
 
 
+# Types with a super-block kernel (_mma_sb_kernel): the 1.5B's file is Q4_K and Q6_K.
+SB_TYPES: frozenset[int] = frozenset({int(T.Q4_K), int(T.Q6_K)})
+
+
+@triton.jit
+def _i2f(q, OFFSET: tl.constexpr):
+    """float32(q - OFFSET) for int32 0 <= q < 2^22, exactly, without an int-to-float conversion (a quarter-rate
+    instruction): the bits of 2^23 + q, minus 2^23 + OFFSET."""
+    return (q | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + OFFSET)
+
+
+@triton.jit
+def _q4k_part(w_ptr, i_ptr, row, b, ok, p: tl.constexpr, P: tl.constexpr, DT: tl.constexpr):
+    """Part p of P of super-block b of the Q4_K rows at byte `row` ([BN, 1] int64; `ok` [BN, 1] masks rows):
+    its chunks c = p C .. (p + 1) C - 1 (C = 4 / P; chunk c is quant bytes 32 c + l, l < 32) as two
+    [BN, 32 C] tiles in DT, the low nibbles (elements 64 c + l) and the high ones (64 c + 32 + l): the
+    bytes load as one contiguous [BN, 32 C] tile (16-byte aligned), the d / dmin and 12 scale bytes as four
+    int32 words per row (i_ptr: the blocks as int32), decoded on [BN, 2 C, 1]. Masked rows give 0."""
+    C: tl.constexpr = 4 // P
+    base = row + b * 144  # [BN, 1]
+    bn: tl.constexpr = row.shape[0]
+    # viewed as [BN, 2 C, 16]: byte 32 (p C) + 16 g + e is chunk p C + g // 2's l = 16 (g % 2) + e
+    q = tl.load(w_ptr + base + 16 + 32 * p * C + tl.arange(0, 32 * C)[None, :], mask=ok, other=0)
+    q = tl.reshape(q, (bn, 2 * C, 16)).to(tl.int32)
+    base = base[:, :, None]
+    ok = ok[:, :, None]
+    word = base // 4  # int32 loads (4-byte aligned): pipelined as asynchronous copies, one per row
+    dd = tl.load(i_ptr + word, mask=ok, other=0)  # d | dmin << 16
+    w0 = tl.load(i_ptr + word + 1, mask=ok, other=0)  # scale bytes 0..3
+    w1 = tl.load(i_ptr + word + 2, mask=ok, other=0)  # 4..7
+    w2 = tl.load(i_ptr + word + 3, mask=ok, other=0)  # 8..11
+    d = (dd & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    dmin = (dd >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    s = (p * C + tl.arange(0, 2 * C)[None, :, None] // 2) * 2  # the low nibbles' sub-block; the high: s + 1
+    sc, mn = _q4k_scale_min(w0, w1, w2, s)
+    lo = (d * sc) * _i2f(q & 15, 0.0) - dmin * mn
+    sc, mn = _q4k_scale_min(w0, w1, w2, s + 1)
+    hi = (d * sc) * _i2f(q >> 4, 0.0) - dmin * mn
+    return tl.reshape(lo, (bn, 32 * C)).to(DT), tl.reshape(hi, (bn, 32 * C)).to(DT)
+
+
+@triton.jit
+def _q4k_scale_min(w0, w1, w2, s):
+    """Q4_K sub-block s's 6-bit scale and min (float32) from the 12 scale bytes as int32 words w0, w1, w2:
+    byte s % 4 of each word is scale byte s % 4, 4 + s % 4 and 8 + s % 4."""
+    sh = (s % 4) * 8
+    b0 = (w0 >> sh) & 255
+    b1 = (w1 >> sh) & 255
+    b2 = (w2 >> sh) & 255
+    lo = s < 4
+    sc = tl.where(lo, b0 & 63, (b2 & 15) | ((b0 >> 6) << 4))
+    mn = tl.where(lo, b1 & 63, (b2 >> 4) | ((b1 >> 6) << 4))
+    return sc.to(tl.float32), mn.to(tl.float32)
+
+
+@triton.jit
+def _q6k_quarter(ql, qh, scb, d, Q: tl.constexpr, DT: tl.constexpr):
+    """Quarter Q (< 4) of a Q6_K part, [BN, W] in DT: 4-bit ql and qh ([BN, W / 16, 16]), qh's 2-bit field Q,
+    int8 scale bytes scb ([BN, W / 16, 1]), f16 d."""
+    sc = scb - ((scb & 128) << 1)
+    q = ql | (((qh >> (2 * Q)) & 3) << 4)
+    val = (d * sc.to(tl.float32)) * _i2f(q, 32.0)
+    bn: tl.constexpr = ql.shape[0]
+    return tl.reshape(val, (bn, ql.shape[1] * 16)).to(DT)
+
+
+@triton.jit
+def _q6k_index(i, p: tl.constexpr, P: tl.constexpr):
+    """(h, l // 16) of element i = 16 j + e of part p's tiles (halves h = p H .., H = 2 / P): l // 16 =
+    1 - j // H (descending, so the scale loads see no adjacent pair and do not pick the layout of the
+    whole dequantization), h = p H + j % H."""
+    H: tl.constexpr = 2 // P
+    j = i // 16
+    return p * H + j % H, 1 - j // H
+
+
+@triton.jit
+def _q6k_part(w_ptr, h_ptr, row, b, ok, p: tl.constexpr, P: tl.constexpr, DT: tl.constexpr):
+    """Part p of P of super-block b of the Q6_K rows at byte `row` ([BN, 1]; `ok` masks): its halves
+    h = p H .. (H = 2 / P) as four [BN, 32 H] tiles in DT, tile Q holding the elements 128 h + 32 Q + l
+    (l < 32) in _q6k_index's order. Quarters 0 / 2 are the low / high nibbles of ql bytes 64 h + l, 1 / 3 of
+    64 h + 32 + l, each loaded once, the qh bytes 32 h + l once (four 2-bit fields each), the int8 scales
+    as [BN, 2 H, 1] bytes, d per row."""
+    H: tl.constexpr = 2 // P
+    base = row + b * 210  # [BN, 1]
+    bn: tl.constexpr = row.shape[0]
+    i = tl.arange(0, 32 * H)[None, :]
+    h, l16 = _q6k_index(i, p, P)
+    lane = h * 64 + l16 * 16 + i % 16  # ql byte 64 h + l
+    qa = tl.reshape(tl.load(w_ptr + base + lane, mask=ok, other=0), (bn, 2 * H, 16)).to(tl.int32)
+    qb = tl.reshape(tl.load(w_ptr + base + 32 + lane, mask=ok, other=0), (bn, 2 * H, 16)).to(tl.int32)
+    qh = tl.load(w_ptr + base + 128 + h * 32 + l16 * 16 + i % 16, mask=ok, other=0)  # qh byte 32 h + l
+    qh = tl.reshape(qh, (bn, 2 * H, 16)).to(tl.int32)
+    base = base[:, :, None]
+    ok = ok[:, :, None]
+    d = tl.load(h_ptr + base // 2 + 104, mask=ok, other=0.0).to(tl.float32)
+    h, l16 = _q6k_index(tl.arange(0, 2 * H)[None, :, None] * 16, p, P)
+    sc = base + 192 + h * 8 + l16  # + 2 Q: the scale of elements 16 (8 h + 2 Q + l // 16) ..
+    s0 = tl.load(w_ptr + sc, mask=ok, other=0).to(tl.int32)
+    s1 = tl.load(w_ptr + sc + 2, mask=ok, other=0).to(tl.int32)
+    s2 = tl.load(w_ptr + sc + 4, mask=ok, other=0).to(tl.int32)
+    s3 = tl.load(w_ptr + sc + 6, mask=ok, other=0).to(tl.int32)
+    return (_q6k_quarter(qa & 15, qh, s0, d, 0, DT), _q6k_quarter(qb & 15, qh, s1, d, 1, DT),
+            _q6k_quarter(qa >> 4, qh, s2, d, 2, DT), _q6k_quarter(qb >> 4, qh, s3, d, 3, DT))
+
+
+@triton.jit
+def _dot_acc(acc, x, w, SWAP: tl.constexpr, DOT_PREC: tl.constexpr):
+    """acc + x @ w^T ([BM, BN]), or with SWAP acc + w @ x^T ([BN, BM]: the weight is the MMA's left
+    operand, so the instruction's 64-row side is N and a few rows of x are its narrow side)."""
+    if SWAP:
+        acc = tl.dot(w, tl.trans(x), acc, input_precision=DOT_PREC)
+    else:
+        acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT_PREC)
+    return acc
+
+
+@triton.jit
+def _sb_step(acc, x_rows, xm, w_ptr, h_ptr, i_ptr, row, b, ok, QTYPE: tl.constexpr, PARTS: tl.constexpr,
+             SWAP: tl.constexpr, DOT_PREC: tl.constexpr):
+    """acc plus super-block b's products, in PARTS parts (fewer live registers per part): each dequantized
+    tile against the x columns it holds, in the tile's own element order (the dot's K order is free as long
+    as x and W agree, so W needs no shuffle)."""
+    DT: tl.constexpr = x_rows.dtype.element_ty
+    C: tl.constexpr = 4 // PARTS  # Q4_K: chunks of 64 elements per part
+    H: tl.constexpr = 2 // PARTS  # Q6_K: halves of 128 per part
+    xb = x_rows + b * 256
+    for p in tl.static_range(PARTS):
+        if QTYPE == _Q4_K:
+            i = tl.arange(0, 32 * C)
+            xk = xb + (p * C * 64 + (i // 32) * 64 + i % 32)[None, :]  # element 64 c + l of byte 32 c + l
+            lo, hi = _q4k_part(w_ptr, i_ptr, row, b, ok, p, PARTS, DT)
+            acc = _dot_acc(acc, tl.load(xk, mask=xm, other=0.0), lo, SWAP, DOT_PREC)
+            acc = _dot_acc(acc, tl.load(xk + 32, mask=xm, other=0.0), hi, SWAP, DOT_PREC)
+        else:
+            i = tl.arange(0, 32 * H)
+            h, l16 = _q6k_index(i, p, PARTS)
+            xk = xb + (h * 128 + l16 * 16 + i % 16)[None, :]  # + 32 Q
+            t0, t1, t2, t3 = _q6k_part(w_ptr, h_ptr, row, b, ok, p, PARTS, DT)
+            acc = _dot_acc(acc, tl.load(xk, mask=xm, other=0.0), t0, SWAP, DOT_PREC)
+            acc = _dot_acc(acc, tl.load(xk + 32, mask=xm, other=0.0), t1, SWAP, DOT_PREC)
+            acc = _dot_acc(acc, tl.load(xk + 64, mask=xm, other=0.0), t2, SWAP, DOT_PREC)
+            acc = _dot_acc(acc, tl.load(xk + 96, mask=xm, other=0.0), t3, SWAP, DOT_PREC)
+    return acc
+
+
+@triton.jit
+def _prefetch_l2(ptrs):
+    """Ask L2 for the lines at `ptrs` (PTX prefetch.global.L2, a hint: no result, no fault). Compiled only
+    (the interpreter has no inline asm): callers guard it with a constexpr."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
+def _prefetch_block(w_ptr, n, N, b, NB: tl.constexpr, SIZE: tl.constexpr):
+    """L2 prefetch of super-block b (clamped to the row) of rows n (clamped to N): 8 addresses 30 bytes
+    apart cover every 32-byte sector of a 144- or 210-byte block. For Q6_K, whose bytes cannot be copied
+    asynchronously (2-byte aligned), so its loads would otherwise wait on HBM every step."""
+    rows = tl.minimum(n, N - 1).to(tl.int64) * (NB * SIZE)
+    off = tl.minimum(b, NB - 1) * SIZE + tl.minimum(tl.arange(0, 8) * 30, SIZE - 1)
+    _prefetch_l2(w_ptr + rows[:, None] + off[None, :])
+
+
+@triton.jit
+def _mma_sb_kernel(
+    x_ptr, w_ptr, h_ptr, i_ptr, b_ptr, out_ptr, ws_ptr, M, N, stride_xm, stride_om,
+    NB: tl.constexpr, SBS: tl.constexpr, QTYPE: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr,
+    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP: tl.constexpr, PARTS: tl.constexpr,
+    PREFETCH: tl.constexpr, DOT_PREC: tl.constexpr, PDL: tl.constexpr,
+):
+    """_mma_kernel for Q4_K / Q6_K, one 256-element super-block per K step (NB per row; split s covers
+    super-blocks [s SBS, (s + 1) SBS)): the block's quant bytes load as contiguous tiles, the scales once per
+    block, and each nibble plane is dotted with the x columns it holds. Grid, epilogues and workspace as
+    _mma_kernel. A row's arithmetic depends on K's split (a function of the shape) but not on M or BLOCK_M."""
+    wait_prior(PDL)
+    m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    s = tl.program_id(2)
+    SIZE: tl.constexpr = 144 if QTYPE == _Q4_K else 210
+    x_rows = x_ptr + m.to(tl.int64)[:, None] * stride_xm
+    row = (n.to(tl.int64) * (NB * SIZE))[:, None]
+    row_up = ((n + N).to(tl.int64) * (NB * SIZE))[:, None]
+    if SWAP:
+        mm, nn = m[None, :], n[:, None]
+        acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    else:
+        mm, nn = m[:, None], n[None, :]
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_up = acc
+    for t in range(0, SBS):  # a constant trip count; super-blocks past the row (last split) are masked
+        b = s * SBS + t
+        if PREFETCH > 0:  # the block PREFETCH steps ahead, into L2
+            _prefetch_block(w_ptr, n, 2 * N if SILU_MUL else N, b + PREFETCH, NB, SIZE)
+            if SILU_MUL:
+                _prefetch_block(w_ptr, n + N, 2 * N, b + PREFETCH, NB, SIZE)
+        ok = (n < N)[:, None] & (b < NB)
+        xm = (m < M)[:, None] & (b < NB)
+        acc = _sb_step(acc, x_rows, xm, w_ptr, h_ptr, i_ptr, row, b, ok, QTYPE, PARTS, SWAP, DOT_PREC)
+        if SILU_MUL:
+            acc_up = _sb_step(acc_up, x_rows, xm, w_ptr, h_ptr, i_ptr, row_up, b, ok, QTYPE, PARTS, SWAP, DOT_PREC)
+    mask = (mm < M) & (nn < N)
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + nn, mask=nn < N, other=0.0).to(tl.float32)
+        if SILU_MUL:
+            acc = acc / (1.0 + tl.exp(-acc)) * acc_up
+        tl.store(out_ptr + mm.to(tl.int64) * stride_om + nn, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        ws_n = 2 * N if SILU_MUL else N
+        ws = ws_ptr + (s * M + mm.to(tl.int64)) * ws_n + nn
+        tl.store(ws, acc, mask=mask)
+        if SILU_MUL:
+            tl.store(ws + N, acc_up, mask=mask)
+
+
 def _type_args(w: GGUFWeight, block_k: int) -> dict:
     """The kernels' per-type constexprs, after checking that BLOCK_K tiles whole scale groups."""
     qk, size = GGML_QUANT_SIZES[T(w.qtype)]
@@ -550,15 +771,35 @@ def gemv_config(m: int, n: int, k: int, qtype: int) -> dict:
     return dict(BLOCK_M=GEMV_MAX_ROWS, BLOCK_N=block_n, BLOCK_K=512 if k >= 1024 else 256, num_warps=4)
 
 
-def mma_config(m: int, n: int, k: int, qtype: int) -> dict:
-    """Tiles for _mma_kernel: BLOCK_M the power of two >= m in 16..128, BLOCK_N 64, BLOCK_K 64, and K split
-    until there are >= ~128 programs (each split >= 4 BLOCK_K tiles). (First guesses, as gemv_config.)"""
-    bm, bn, bk = min(128, max(16, triton.next_power_of_2(m))), 64, 64
-    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-    split = 1
-    while tiles * split < 128 and k >= 2 * split * 4 * bk:
+def mma_split(n: int, k: int, block_n: int = 64) -> int:
+    """SPLIT_K of the tensor-core kernels: a function of the layer's shape only (a row's float32 sums must
+    not depend on how many rows came with it): layers narrower than 100 column tiles of 64 split K in
+    powers of two while that keeps <= 200 programs per row tile and >= 2 super-blocks of 256 per split.
+    Wide layers (gate_up, the LM head) have the programs already, and their workspace would cost more
+    than it gives."""
+    tiles, split = triton.cdiv(n, block_n), 1
+    if tiles >= 100:
+        return 1
+    while tiles * 2 * split <= 200 and triton.cdiv(triton.cdiv(k, 256), 2 * split) >= 2:
         split *= 2
-    return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, num_warps=4, num_stages=3)
+    return split
+
+
+def mma_config(m: int, n: int, k: int, qtype: int) -> dict:
+    """Tiles for the tensor-core kernels. Q4_K / Q6_K (SB: _mma_sb_kernel): one super-block per K step in
+    PARTS 2 halves (ptxas for sm_90: ~160-220 registers instead of 255 and spills with silu_mul), BLOCK_N 64
+    rows of W as the MMA's left operand (SWAP: the 64-row side of Hopper's instruction is N, x's rows its
+    narrow side, so every M takes the same instruction), BLOCK_M the power of two >= m in 16..128, 8 warps
+    from 128 rows, an L2 prefetch one block ahead for Q6_K (its loads are synchronous). SWAP and PARTS fix
+    the order of a row's sums; they do not vary with m. Other types (_mma_kernel): BLOCK_M as above,
+    BLOCK_N 64, BLOCK_K 64. Both: K split by mma_split (the shape only). (Not yet measured:
+    scripts/gpu_gguf_mma.sh sweeps the alternatives at M = 64 and 256.)"""
+    bm = min(128, max(16, triton.next_power_of_2(m)))
+    split = mma_split(n, k)
+    if qtype in SB_TYPES:
+        return dict(SB=1, BLOCK_M=bm, BLOCK_N=64, BLOCK_K=256, SPLIT_K=split, SWAP=1, PARTS=2,
+                    PREFETCH=1 if qtype == T.Q6_K else 0, num_warps=8 if bm >= 128 else 4, num_stages=2)
+    return dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=64, SPLIT_K=split, num_warps=4, num_stages=3)
 
 
 def _out(x: torch.Tensor, n: int, out: torch.Tensor | None) -> torch.Tensor:
@@ -605,6 +846,7 @@ def gguf_mma(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None, c
              options: KernelOptions = DEFAULT_OPTIONS, out: torch.Tensor | None = None,
              silu_mul: bool = False) -> torch.Tensor:
     """The tensor-core kernel: x [M, K] -> [M, N] in x's dtype (into `out` if given; silu_mul as gguf_gemv).
+    config["SB"] (mma_config's pick for Q4_K / Q6_K) takes the super-block kernel, else the generic one.
     A split K's float32 workspace is allocated per call (from the graph's pool under CUDA-graph capture)."""
     x = _check(x, w, bias, silu_mul)
     m, k = x.shape
@@ -613,23 +855,47 @@ def gguf_mma(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None, c
     if m == 0:
         return out
     cfg = dict(config or mma_config(m, n, k, w.qtype))
-    targs = _type_args(w, cfg["BLOCK_K"])
-    ks, split = splitk_split(k, cfg["BLOCK_K"], cfg.pop("SPLIT_K", 1))
-    ws = out if split == 1 else torch.empty(split, m, 2 * n if silu_mul else n, dtype=torch.float32,
-                                            device=x.device)
+    sb = cfg.pop("SB", 0)
     b = bias if bias is not None else x
     pdl = launch_kwargs(x.device, options.pdl)
-    _mma_kernel[(triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]), split)](
-        x, w.blocks, w.blocks.view(torch.float16), b, out, ws, m, n, x.stride(0), out.stride(0), KS=ks, **targs,
-        HAS_BIAS=bias is not None, SILU_MUL=silu_mul, SPLIT_K=split,
-        DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32", **cfg, **pdl,
-    )
+    prec = "ieee" if x.dtype == torch.float32 else "tf32"
+    h = w.blocks.view(torch.float16)
+    if sb:
+        if w.qtype not in SB_TYPES:
+            raise ValueError(f"gguf_mma: SB needs Q4_K or Q6_K, got {type_name(w.qtype)}")
+        cfg.pop("BLOCK_K", None)  # always one super-block (256)
+        cfg.setdefault("SWAP", 1)
+        cfg.setdefault("PARTS", 1)
+        cfg["PREFETCH"] = cfg.get("PREFETCH", 0) if prefetch_supported(x.device) else 0  # inline PTX
+        nb = k // 256
+        sbs, split = splitk_split(nb, 1, cfg.pop("SPLIT_K", 1))
+        ws = _workspace(x, m, n, split, silu_mul, out)
+        i32 = w.blocks.view(torch.int32) if w.qtype == T.Q4_K else w.blocks  # Q4_K rows: multiples of 144 B
+        _mma_sb_kernel[(triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]), split)](
+            x, w.blocks, h, i32, b, out, ws, m, n, x.stride(0), out.stride(0), NB=nb, SBS=sbs, QTYPE=w.qtype,
+            HAS_BIAS=bias is not None, SILU_MUL=silu_mul, SPLIT_K=split, DOT_PREC=prec, **cfg, **pdl,
+        )
+    else:
+        targs = _type_args(w, cfg["BLOCK_K"])
+        ks, split = splitk_split(k, cfg["BLOCK_K"], cfg.pop("SPLIT_K", 1))
+        ws = _workspace(x, m, n, split, silu_mul, out)
+        _mma_kernel[(triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]), split)](
+            x, w.blocks, h, b, out, ws, m, n, x.stride(0), out.stride(0), KS=ks, **targs,
+            HAS_BIAS=bias is not None, SILU_MUL=silu_mul, SPLIT_K=split, DOT_PREC=prec, **cfg, **pdl,
+        )
     if split > 1:
         _splitk_reduce_kernel[(triton.cdiv(n, 512), m)](
             ws, b, out, m, n, out.stride(0), HAS_BIAS=bias is not None, SILU_MUL=silu_mul, SPLIT_K=split,
             BLOCK_N=512, num_warps=4, **pdl,
         )
     return out
+
+
+def _workspace(x: torch.Tensor, m: int, n: int, split: int, silu_mul: bool, out: torch.Tensor) -> torch.Tensor:
+    """The float32 partials [split, M, N (2 N with silu_mul)] of a split K (`out` itself when unsplit)."""
+    if split == 1:
+        return out
+    return torch.empty(split, m, 2 * n if silu_mul else n, dtype=torch.float32, device=x.device)
 
 
 def gguf_linear(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None,
