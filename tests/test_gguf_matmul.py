@@ -399,3 +399,19 @@ def test_gpu_superblock_reads_every_weight_exactly(qtype, swap, parts):
     cfg = dict(gm.mma_config(k, n, k, qtype), SWAP=swap, PARTS=parts)
     out = gm.gguf_mma(torch.eye(k, device="cuda", dtype=torch.bfloat16), w, config=cfg)
     assert torch.equal(out, w.dequantize().to(torch.bfloat16).T)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("qtype", KQUANT)
+def test_gpu_batch_invariant_linear_is_one_kernel_for_every_row_count(qtype):
+    """With KernelOptions(batch_invariant=True) gguf_linear takes the tensor-core kernel at every M, so a row
+    alone (the GEMV's range without it) gives the bits it gets in a batch of 37 (the tensor-core range)."""
+    from verispec.core.options import KernelOptions
+
+    inv = KernelOptions(batch_invariant=True)
+    w = rand_weight(qtype, 1536, 8960, seed=9, device="cuda")
+    x = rand(37, 8960, seed=10, device="cuda", dtype=torch.bfloat16)
+    batch = gm.gguf_linear(x, w, options=inv)
+    for i in (0, 20, 36):
+        assert torch.equal(gm.gguf_linear(x[i:i + 1], w, options=inv)[0], batch[i])

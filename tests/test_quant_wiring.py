@@ -163,3 +163,24 @@ def test_kernel_segments_write_one_output_with_the_bias_and_fuse_silu_mul():
     xs = torch.randn(4, 256) * 0.05
     gate, up = (xs @ gu.dequantize().t()).chunk(2, dim=-1)
     torch.testing.assert_close(mlp_in.silu_mul(xs), F.silu(gate) * up, rtol=1e-5, atol=1e-6)
+
+
+def test_kernel_segments_pass_the_models_kernel_options():
+    """enable_triton's options reach the GGUF kernels (batch_invariant picks one kernel for every row count
+    there): a QuantLinear switched on hands kernels.options to each segment's matmul."""
+    gm = pytest.importorskip("verispec.kernels.gguf_matmul")
+    from verispec.core.options import KernelOptions
+    from verispec.models.kernel_path import Kernels
+
+    seen = []
+
+    def matmul(x, w, bias=None, options=None, out=None, silu_mul=False):
+        seen.append(options)
+        return gm.gguf_linear(x, w, bias, out=out, silu_mul=silu_mul)
+
+    q = gm.random_weight(int(T.Q4_K), 8, 256, seed=1)
+    lin = QuantLinear([GGUFSegment(q, matmul, epilogues=True)], None, torch.float32)
+    lin(torch.randn(2, 256))
+    lin.kernels = Kernels(KernelOptions(batch_invariant=True))
+    lin(torch.randn(2, 256))
+    assert seen[0] is None and seen[1].batch_invariant

@@ -902,13 +902,14 @@ def gguf_linear(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None
                 options: KernelOptions = DEFAULT_OPTIONS, out: torch.Tensor | None = None,
                 silu_mul: bool = False) -> torch.Tensor:
     """x [M, K] @ dequant(w)^T (+ bias) -> [M, N] in x's dtype: on CUDA the GEMV for M <= GEMV_MAX_ROWS and
-    the tensor-core kernel above; elsewhere gguf_linear_ref. `out`: the buffer to write it into (returned).
-    silu_mul: w stacks [gate; up]; the result is silu(x @ gate^T) * (x @ up^T), [M, N / 2]."""
+    the tensor-core kernel above (for every M with options.batch_invariant: the two kernels' sums differ, and
+    the tensor-core kernel's row results do not depend on M); elsewhere gguf_linear_ref. `out`: the buffer to
+    write it into (returned). silu_mul: w stacks [gate; up]; the result is silu(x @ gate^T) * (x @ up^T)."""
     x = _check(x, w, bias, silu_mul)
     if not x.is_cuda:
         y = gguf_linear_ref(x, w, bias, silu_mul)
         return y if out is None else _out(x, y.shape[1], out).copy_(y)
-    if x.shape[0] <= GEMV_MAX_ROWS:
+    if x.shape[0] <= GEMV_MAX_ROWS and not options.batch_invariant:
         return gguf_gemv(x, w, bias, options=options, out=out, silu_mul=silu_mul)
     return gguf_mma(x, w, bias, options=options, out=out, silu_mul=silu_mul)
 

@@ -98,7 +98,10 @@ class QuantLinear(nn.Module):
     """y = x W^T + b with W held as segments along the output dim (see the module docstring).
 
     compute_dtype: the dtype the segments take (bf16 on the CPU path); the output comes back in x's
-    dtype, plus the bias (kept in the model's dtype)."""
+    dtype, plus the bias (kept in the model's dtype). kernels: set by enable_triton (models/kernel_path.py):
+    its options go to the GGUF kernels (batch_invariant: one kernel for every row count)."""
+
+    kernels: Any = None
 
     def __init__(self, segments: list[Segment], bias: torch.Tensor | None, compute_dtype: torch.dtype) -> None:
         super().__init__()
@@ -126,14 +129,15 @@ class QuantLinear(nn.Module):
         concatenation, no separate bias add); silu_mul: one [gate; up] segment -> silu(gate) * up."""
         n = self.out_features // 2 if silu_mul else self.out_features
         y = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
+        opts = {} if self.kernels is None else {"options": self.kernels.options}
         if silu_mul:
             seg = self.segments[0]
-            return seg.matmul(x, seg.weight, out=y, silu_mul=True)
+            return seg.matmul(x, seg.weight, out=y, silu_mul=True, **opts)
         off = 0
         for seg in self.segments:
             rows = seg.shape[0]
             bias = None if self.bias is None else self.bias[off: off + rows]
-            seg.matmul(x, seg.weight, bias, out=y if len(self.segments) == 1 else y[:, off: off + rows])
+            seg.matmul(x, seg.weight, bias, out=y if len(self.segments) == 1 else y[:, off: off + rows], **opts)
             off += rows
         return y
 
