@@ -3,7 +3,7 @@
 #   1. the GGUF kernels' GPU tests (tests/test_gguf_matmul.py -m gpu, 4 processes; no model needed), while
 #      the 1.5B is being staged;
 #   2. scripts/gguf_bench.py: every 1.5B layer shape, Q4_K and Q6_K, M = 1, 4, 16, 64, 256, against dense bf16,
-#      then a tile sweep of both types until BUDGET_S (default 90);
+#      then a tile sweep of both types until BUDGET_S (default 60);
 #   3. once /tmp/models/$M.gguf.ok exists: `bench latency` at batch 1, quantization none then gguf (the
 #      end-to-end decode with gguf_bench's default tiles), then scripts/quant_parity.py on the 1.5B
 #      (greedy common prefix and logits error over 64 tokens, 8 prompts), then EXTRA (a command line, optional).
@@ -28,7 +28,7 @@ wait
 for j in 0 1 2 3; do echo "tests_$j: $(tail -1 "$R/tests_$j.log")"; done > "$R/tests.txt"
 mark "tests done"
 timeout 300 python3 scripts/gguf_bench.py --device cuda --rows 1,4,16,64,256 --qtypes Q4_K,Q6_K \
-  --sweep-qtypes Q4_K,Q6_K --budget-s "${BUDGET_S:-90}" --json "$R/gguf_bench.json" > "$R/gguf_bench.log" 2>&1
+  --sweep-qtypes Q4_K,Q6_K --budget-s "${BUDGET_S:-60}" --json "$R/gguf_bench.json" > "$R/gguf_bench.log" 2>&1
 mark "bench done rc=$?"
 until [ -f /tmp/models/$M.gguf.ok ]; do sleep 2; done
 for q in none gguf; do
