@@ -1,7 +1,7 @@
 """Speed of the GGUF-block kernels (verispec/kernels/gguf_matmul.py) against dense bf16 at the 1.5B's layer shapes.
 
 For each layer shape (qkv, o, gate_up, down, lm_head) and row count M: dense = the repo's linear() and
-F.linear on a bf16 weight; gguf = gguf_linear's pick (the GEMV up to GEMV_MAX_ROWS rows, the tensor-core
+F.linear on a bf16 weight; gguf = gguf_linear's pick (gm.linear_plan: the GEMV for few rows, the tensor-core
 kernel above) with its default tiles. Each line gives us per call, GB/s and the fraction of the H200's
 4.8 TB/s HBM bandwidth from the bytes read (weights + x + out). A second pass (until --budget-s) tries
 alternative tiles of the kernel(s) for each case and prints the best, so one run finds better defaults.
@@ -163,8 +163,7 @@ def run_shape(args, layer: tuple[str, int, int], deadline: float, time_it, resul
                    time_it=time_it, results=results)
         defaults = {}
         for m in rows:  # pass 1: gguf_linear's pick with its default tiles, checked against the reference
-            kname = "gemv" if m <= gm.GEMV_MAX_ROWS else "mma"
-            cfg = (gm.gemv_config if kname == "gemv" else gm.mma_config)(m, n, k, qt)
+            kname, cfg = gm.linear_plan(m, n, k, qt)
             ref = gm.gguf_linear_ref(xs[m], ws[0]).float()
             out = (gm.gguf_gemv if kname == "gemv" else gm.gguf_mma)(xs[m], ws[0], config=cfg)
             err = (out.float() - ref).abs().max().item() / ref.abs().max().item()

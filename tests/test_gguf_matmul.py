@@ -365,9 +365,9 @@ def test_gpu_kquant_gemv_row_is_the_same_alone_and_in_a_batch(qtype, n, k):
     bit-identical outputs, as the interpreter test above shows for the same code."""
     w = rand_weight(qtype, n, k, seed=7, device="cuda")
     x = rand(9, k, seed=8, device="cuda", dtype=torch.bfloat16)
-    batch = gm.gguf_linear(x, w)
+    batch = gm.gguf_gemv(x, w)
     for i in (0, 4, 8):
-        assert torch.equal(gm.gguf_linear(x[i:i + 1], w)[0], batch[i])
+        assert torch.equal(gm.gguf_gemv(x[i:i + 1], w)[0], batch[i])
 
 
 @pytest.mark.gpu
@@ -415,3 +415,26 @@ def test_gpu_batch_invariant_linear_is_one_kernel_for_every_row_count(qtype):
     batch = gm.gguf_linear(x, w, options=inv)
     for i in (0, 20, 36):
         assert torch.equal(gm.gguf_linear(x[i:i + 1], w, options=inv)[0], batch[i])
+
+
+def test_linear_plan_follows_the_measured_crossovers():
+    """gguf_linear's pick (session 14's H200 figures): Q4_K / Q6_K take the GEMV for one row, the super-block
+    tensor-core kernel for 2..SB_MAX_ROWS rows and the generic one above; other types the GEMV up to
+    GEMV_MAX_ROWS; with batch_invariant the tensor-core kernel of the type at every row count, with the
+    same tiles whatever m where the tiles set a row's sums (split, SWAP, PARTS)."""
+    from verispec.core.options import KernelOptions
+
+    q4, q8 = int(T.Q4_K), int(T.Q8_0)
+    assert gm.linear_plan(1, 2048, 1536, q4)[0] == "gemv"
+    for m in (2, 16, gm.SB_MAX_ROWS):
+        kernel, cfg = gm.linear_plan(m, 2048, 1536, q4)
+        assert kernel == "mma" and cfg.get("SB") == 1, m
+    kernel, cfg = gm.linear_plan(gm.SB_MAX_ROWS + 1, 2048, 1536, q4)
+    assert kernel == "mma" and "SB" not in cfg
+    assert gm.linear_plan(gm.GEMV_MAX_ROWS, 896, 896, q8)[0] == "gemv"
+    assert gm.linear_plan(gm.GEMV_MAX_ROWS + 1, 896, 896, q8)[0] == "mma"
+    inv = KernelOptions(batch_invariant=True)
+    plans = [gm.linear_plan(m, 1536, 8960, q4, inv) for m in (1, 5, 64, 256)]
+    assert all(k == "mma" and c["SB"] == 1 for k, c in plans)
+    fixed = {(c["SPLIT_K"], c["SWAP"], c["PARTS"], c["BLOCK_N"]) for _, c in plans}
+    assert len(fixed) == 1

@@ -45,7 +45,13 @@ T = GGMLQuantizationType
 GROUP: dict[int, int] = {T.Q4_0: 16, T.Q4_1: 16, T.Q5_0: 16, T.Q5_1: 16, T.Q8_0: 32,
                          T.Q4_K: 32, T.Q5_K: 32, T.Q6_K: 16}
 KERNEL_TYPES: frozenset[int] = frozenset(int(t) for t in GROUP)
-GEMV_MAX_ROWS = 16  # above this many rows gguf_linear takes the tensor-core kernel
+GEMV_MAX_ROWS = 16  # above this many rows gguf_linear takes the tensor-core kernel (KQUANT_GEMV_ROWS for Q4_K / Q6_K)
+# Measured on the H200 (docs/BENCHMARKS.md, session 14): the Q4_K / Q6_K GEMV is bound by its per-element
+# unpacking, so its time grows with every row (M = 4: 2.3-3x M = 1) while the super-block tensor-core kernel
+# at BLOCK_M 16 costs about one row's GEMV; that kernel loses to the generic one at 256 rows (the whole step's
+# linears 9.3 ms against 6.7).
+KQUANT_GEMV_ROWS = 1  # Q4_K / Q6_K: the GEMV for this many rows, the tensor-core kernels above
+SB_MAX_ROWS = 64  # Q4_K / Q6_K: the super-block tensor-core kernel up to this many rows, the generic one above
 KQUANT_GEMV_TYPES: frozenset[int] = frozenset({int(T.Q4_K), int(T.Q6_K)})  # _kquant_gemv_kernel's types
 # Byte offsets of each type's float16 fields (d, and dmin / m where it has one) within a block.
 F16_FIELDS: dict[int, tuple[int, ...]] = {T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,),
@@ -785,18 +791,18 @@ def mma_split(n: int, k: int, block_n: int = 64) -> int:
     return split
 
 
-def mma_config(m: int, n: int, k: int, qtype: int) -> dict:
+def mma_config(m: int, n: int, k: int, qtype: int, superblock: bool = True) -> dict:
     """Tiles for the tensor-core kernels. Q4_K / Q6_K (SB: _mma_sb_kernel): one super-block per K step in
     PARTS 2 halves (ptxas for sm_90: ~160-220 registers instead of 255 and spills with silu_mul), BLOCK_N 64
     rows of W as the MMA's left operand (SWAP: the 64-row side of Hopper's instruction is N, x's rows its
     narrow side, so every M takes the same instruction), BLOCK_M the power of two >= m in 16..128, 8 warps
     from 128 rows, an L2 prefetch one block ahead for Q6_K (its loads are synchronous). SWAP and PARTS fix
-    the order of a row's sums; they do not vary with m. Other types (_mma_kernel): BLOCK_M as above,
+    the order of a row's sums; they do not vary with m. Other types and superblock=False (_mma_kernel): BLOCK_M as above,
     BLOCK_N 64, BLOCK_K 64. Both: K split by mma_split (the shape only). (Not yet measured:
     scripts/gpu_gguf_mma.sh sweeps the alternatives at M = 64 and 256.)"""
     bm = min(128, max(16, triton.next_power_of_2(m)))
     split = mma_split(n, k)
-    if qtype in SB_TYPES:
+    if qtype in SB_TYPES and superblock:
         return dict(SB=1, BLOCK_M=bm, BLOCK_N=64, BLOCK_K=256, SPLIT_K=split, SWAP=1, PARTS=2,
                     PREFETCH=1 if qtype == T.Q6_K else 0, num_warps=8 if bm >= 128 else 4, num_stages=2)
     return dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=64, SPLIT_K=split, num_warps=4, num_stages=3)
@@ -901,17 +907,30 @@ def _workspace(x: torch.Tensor, m: int, n: int, split: int, silu_mul: bool, out:
 def gguf_linear(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None,
                 options: KernelOptions = DEFAULT_OPTIONS, out: torch.Tensor | None = None,
                 silu_mul: bool = False) -> torch.Tensor:
-    """x [M, K] @ dequant(w)^T (+ bias) -> [M, N] in x's dtype: on CUDA the GEMV for M <= GEMV_MAX_ROWS and
-    the tensor-core kernel above (for every M with options.batch_invariant: the two kernels' sums differ, and
-    the tensor-core kernel's row results do not depend on M); elsewhere gguf_linear_ref. `out`: the buffer to
-    write it into (returned). silu_mul: w stacks [gate; up]; the result is silu(x @ gate^T) * (x @ up^T)."""
+    """x [M, K] @ dequant(w)^T (+ bias) -> [M, N] in x's dtype: on CUDA the kernel linear_plan picks (the GEMV
+    for few rows, tensor-core kernels above; one kernel for every M with options.batch_invariant); elsewhere
+    gguf_linear_ref. `out`: the buffer to write it into (returned). silu_mul: w stacks [gate; up]; the result
+    is silu(x @ gate^T) * (x @ up^T)."""
     x = _check(x, w, bias, silu_mul)
     if not x.is_cuda:
         y = gguf_linear_ref(x, w, bias, silu_mul)
         return y if out is None else _out(x, y.shape[1], out).copy_(y)
-    if x.shape[0] <= GEMV_MAX_ROWS and not options.batch_invariant:
-        return gguf_gemv(x, w, bias, options=options, out=out, silu_mul=silu_mul)
-    return gguf_mma(x, w, bias, options=options, out=out, silu_mul=silu_mul)
+    n = w.shape[0] // 2 if silu_mul else w.shape[0]
+    kernel, cfg = linear_plan(x.shape[0], n, w.shape[1], w.qtype, options)
+    run = gguf_gemv if kernel == "gemv" else gguf_mma
+    return run(x, w, bias, config=cfg, options=options, out=out, silu_mul=silu_mul)
+
+
+def linear_plan(m: int, n: int, k: int, qtype: int, options: KernelOptions = DEFAULT_OPTIONS) -> tuple[str, dict]:
+    """gguf_linear's kernel ("gemv" or "mma") and tiles for m rows of an [n, k] weight of this type: the GEMV
+    up to KQUANT_GEMV_ROWS (Q4_K / Q6_K) or GEMV_MAX_ROWS rows, the super-block tensor-core kernel up to
+    SB_MAX_ROWS, the generic one above; with options.batch_invariant the tensor-core kernel of the type at
+    every m (the kernels' sums differ from each other; each one's row results do not depend on m)."""
+    if options.batch_invariant:
+        return "mma", mma_config(m, n, k, qtype)
+    if m <= (KQUANT_GEMV_ROWS if qtype in KQUANT_GEMV_TYPES else GEMV_MAX_ROWS):
+        return "gemv", gemv_config(m, n, k, qtype)
+    return "mma", mma_config(m, n, k, qtype, superblock=m <= SB_MAX_ROWS)
 
 
 def gguf_linear_ref(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None,
