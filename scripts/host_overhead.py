@@ -147,13 +147,15 @@ def measure(model, batch: int, async_scheduling: bool, spec: dict | None, steps:
     gen = eng.get_metrics()
     return {"total_ms": 1e3 * total / steps, "forward_ms": 1e3 * timer.seconds / steps,
             "host_ms": 1e3 * (total - timer.seconds) / steps,
-            "accepted": gen["spec_decode_num_accepted_tokens"], "gc_ms": 1e3 * sum(gct.seconds) / steps,
+            "accepted": gen["spec_decode_num_accepted_tokens"], "drafts": gen["spec_decode_num_draft_tokens"], "gc_ms": 1e3 * sum(gct.seconds) / steps,
             "gc2_ms": 1e3 * gct.seconds[2] / steps,
             "gc_n": [c / steps for c in gct.counts]}
 
 
 SORT = "cumulative"
 CASES = {"decode": None, "ngram4": {"method": "ngram", "num_speculative_tokens": 4},
+         # k = 4 pinned (no adaptive policy): every step drafts, as on the GPU where drafts pay
+         "ngram4-pin": {"method": "ngram", "num_speculative_tokens": 4, "adaptive": False},
          "self4": {"method": "self", "num_speculative_tokens": 4},
          # adaptive, but planned at k = 0 every step (the host work a speculative engine adds to decode steps)
          "ngram4-k0": {"method": "ngram", "num_speculative_tokens": 4, "adaptive": True, "k0": True},
@@ -185,8 +187,8 @@ def main() -> None:
     gc_kw = dict(gc_freeze=not args.no_gc_freeze, gc_threshold=args.gc_threshold)
     print(f"output kind: {kind.name}; gc.freeze at start-up: {gc_kw['gc_freeze']}; "
           f"gen0 threshold: {args.gc_threshold or gc.get_threshold()[0]}")
-    print(f"{'loop':6} {'case':7} {'batch':>5} {'step ms':>8} {'forward ms':>10} {'host ms':>8} "
-          f"{'host us/req':>11} {'gc ms':>6} {'gen2 ms':>7} {'gc n (gen0/1/2)':>16}")
+    print(f"{'loop':6} {'case':10} {'batch':>5} {'step ms':>8} {'forward ms':>10} {'host ms':>8} "
+          f"{'host us/req':>11} {'drafts/step':>11} {'acc/step':>8} {'gc ms':>6} {'gen2 ms':>7} {'gc n (gen0/1/2)':>16}")
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         for case in args.cases.split(","):
             for loop in args.loops.split(","):
@@ -194,8 +196,9 @@ def main() -> None:
                                 **gc_kw) for _ in range(args.repeats)]
                 r = min(runs, key=lambda x: x["host_ms"])
                 n = "/".join(f"{c:.2f}" for c in r["gc_n"])
-                print(f"{loop:6} {case:7} {batch:5d} {r['total_ms']:8.3f} {r['forward_ms']:10.3f} {r['host_ms']:8.3f} "
-                      f"{1e3 * r['host_ms'] / batch:11.1f} {r['gc_ms']:6.3f} {r['gc2_ms']:7.3f} {n:>16}",
+                print(f"{loop:6} {case:10} {batch:5d} {r['total_ms']:8.3f} {r['forward_ms']:10.3f} {r['host_ms']:8.3f} "
+                      f"{1e3 * r['host_ms'] / batch:11.1f} {r['drafts'] / (args.steps + 5):11.1f} "
+                      f"{r['accepted'] / (args.steps + 5):8.1f} {r['gc_ms']:6.3f} {r['gc2_ms']:7.3f} {n:>16}",
                       flush=True)
 
 
