@@ -42,7 +42,7 @@ class TokenWords:
 
 
 def ngram_lookup(tokens: list[int] | TokenWords, k: int, n_min: int, n_max: int, length: int | None = None) -> list[int]:
-    """Find the longest suffix n-gram (n_max down to n_min) that occurred earlier; return up to k
+    """Find the longest suffix n-gram (n_min <= n <= n_max) that occurred earlier; return up to k
     tokens that followed its most recent earlier occurrence.
 
     tokens: the token ids, or their TokenWords mirror (no conversion); length: look at the first
@@ -55,12 +55,20 @@ def ngram_lookup(tokens: list[int] | TokenWords, k: int, n_min: int, n_max: int,
         ids = tokens
         length = len(tokens) if length is None else length
         data = array("q", tokens[:length]).tobytes()
-    for n in range(min(n_max, length - 1), n_min - 1, -1):
+    # The longest n with an earlier occurrence, searched from the shortest up: where the suffix n-gram
+    # occurs (ending before the last token) its (n-1)-gram suffix occurs too, one token later, so the
+    # first n without one ends the search. Each failed search scans the whole context and a found one
+    # usually stops near its end, so this scans it once (longest first: once per n that fails).
+    found = None
+    for n in range(n_min, min(n_max, length - 1) + 1):
         start = _rfind_words(data, data[8 * (length - n) : 8 * length], 8 * (length - 1))
-        if start is not None:  # never empty: the match ends before the last token
-            a, b = start + n, min(start + n + k, length)
-            return ids[a:b] if ids is not None else array("q", data[8 * a : 8 * b]).tolist()
-    return []
+        if start is None:
+            break
+        found = start + n
+    if found is None:
+        return []
+    b = min(found + k, length)  # never empty: the match ends before the last token
+    return ids[found:b] if ids is not None else array("q", data[8 * found : 8 * b]).tolist()
 
 
 def _rfind_words(data: bytes | bytearray, pattern: bytes | bytearray, end: int) -> int | None:
