@@ -7,19 +7,24 @@
 # wall and busy per step (medians, us) and gap = wall - busy; then a least-squares line through the
 # ngram gaps of each prompt length: gap = a + b * batch. Budget: ~10 minutes on the H200.
 # usage: PYTHONPATH=/tmp/site:$PWD scripts/gpu_host_gap.sh [--device cpu]
-#   --device cpu: a dry run of the plumbing on a small model (the CPU traces no GPU ops: "too few decode steps").
+#   --device cpu: a dry run of the plumbing, small cells of gemma-3-270m's shapes (~3 min on the 2-core dev
+#   machine; the CPU traces no GPU ops, so each line says "too few decode steps" and no fit is printed).
 set -uo pipefail
 model=qwen2.5-coder-1.5b-instruct
 batches="1 16 64"
+lens="128 1024"
+outlen=40
 if [ "${1:-}" = "--device" ] && [ "${2:-}" = "cpu" ]; then
-  model=smollm2-135m-instruct
+  model=gemma-3-270m  # (random weights with its shapes; one small cell of each kind)
   batches="1 2"
+  lens="16"
+  outlen=8
 fi
 out=$(mktemp)
 run() {  # spec batch input_len
   local line
   line=$(timeout 240 python3 scripts/step_trace.py --model $model --batch "$2" --spec "$1" --k 4 --input-len "$3" \
-    --output-len 40 --top 0 2>&1 | grep -E "step wall|too few|Error" | tail -n 1)
+    --output-len $outlen --top 0 2>&1 | grep -E "step wall|too few|Error" | tail -n 1)
   local wall busy
   wall=$(sed -n 's/.*median \([0-9.]*\) us, GPU busy.*/\1/p' <<<"$line")
   busy=$(sed -n 's/.*GPU busy \([0-9.]*\) us.*/\1/p' <<<"$line")
@@ -31,10 +36,10 @@ run() {  # spec batch input_len
     echo "$1 batch $2 prompt $3: $line"
   fi
 }
-for len in 128 1024; do
+for len in $lens; do
   for b in $batches; do run ngram "$b" "$len"; done
 done
-run none "${batches##* }" 128
+run none "${batches##* }" "${lens%% *}"
 python3 - "$out" <<'PY'
 import sys
 rows = [line.split() for line in open(sys.argv[1])]
