@@ -9,7 +9,7 @@ may be shared; torch runs on one thread), best of --repeats runs.
 
     PYTHONPATH=$PWD python3 scripts/host_overhead.py [--steps 200] [--batch-sizes 1,64] [--profile CASE]
         [--output-kind cumulative|final_only] [--loops sync,async] [--cases decode,ngram4]
-        [--no-gc-freeze] [--gc-threshold N]
+        [--no-gc-freeze] [--gc-threshold N] [--prompt-len 64]
 
 "gc ms" is the cyclic garbage collector's share of a step (CPU time between gc.callbacks' start and
 stop, wherever a collection struck, the forward included), "gen2 ms" the full collections' share of
@@ -103,10 +103,10 @@ class GCTimer:
 
 def measure(model, batch: int, async_scheduling: bool, spec: dict | None, steps: int, profile: bool = False,
             output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE, gc_freeze: bool = True,
-            gc_threshold: int | None = None) -> dict:
+            gc_threshold: int | None = None, prompt_len: int = 64) -> dict:
     eng = tiny_engine(
         model, spec={k: v for k, v in spec.items() if k != "k0"} if spec else None, async_scheduling=async_scheduling, max_num_seqs=max(batch, 1),
-        max_num_batched_tokens=4096, num_gpu_blocks=batch * ((64 + steps * 6) // 16 + 4) + 16,
+        max_num_batched_tokens=4096, num_gpu_blocks=batch * ((prompt_len + steps * 6) // 16 + 4) + 16,
         gc_freeze=gc_freeze,
     )
     if not gc_freeze:
@@ -121,10 +121,11 @@ def measure(model, batch: int, async_scheduling: bool, spec: dict | None, steps:
         never = 10**9
         eng.policy = SpeculationPolicy(eng.proposer.k, NeverPays(), PolicyParams(probe_min=never, probe_max=never))
     params = SamplingParams(temperature=0.0, max_tokens=steps * 5 + 64, ignore_eos=True, output_kind=output_kind)
-    for i, p in enumerate(prompts(batch, 64)):
+    for i, p in enumerate(prompts(batch, prompt_len)):
         eng.add_request(f"r{i}", None, params, p)
-    for _ in range(5):  # prefill and warm-up
+    for _ in range(5 + -(-batch * prompt_len // 4096)):  # prefill (4096 tokens a step) and warm-up
         eng.step()
+    warm = eng.get_metrics()
     timer = None if profile else ForwardTimer(eng.runner.model)
     prof = cProfile.Profile() if profile else None
     if prof:
@@ -147,13 +148,16 @@ def measure(model, batch: int, async_scheduling: bool, spec: dict | None, steps:
     gen = eng.get_metrics()
     return {"total_ms": 1e3 * total / steps, "forward_ms": 1e3 * timer.seconds / steps,
             "host_ms": 1e3 * (total - timer.seconds) / steps,
-            "accepted": gen["spec_decode_num_accepted_tokens"], "gc_ms": 1e3 * sum(gct.seconds) / steps,
+            "accepted": gen["spec_decode_num_accepted_tokens"] - warm["spec_decode_num_accepted_tokens"],
+            "drafts": gen["spec_decode_num_draft_tokens"] - warm["spec_decode_num_draft_tokens"], "gc_ms": 1e3 * sum(gct.seconds) / steps,
             "gc2_ms": 1e3 * gct.seconds[2] / steps,
             "gc_n": [c / steps for c in gct.counts]}
 
 
 SORT = "cumulative"
 CASES = {"decode": None, "ngram4": {"method": "ngram", "num_speculative_tokens": 4},
+         # k = 4 pinned (no adaptive policy): every step drafts, as on the GPU where drafts pay
+         "ngram4-pin": {"method": "ngram", "num_speculative_tokens": 4, "adaptive": False},
          "self4": {"method": "self", "num_speculative_tokens": 4},
          # adaptive, but planned at k = 0 every step (the host work a speculative engine adds to decode steps)
          "ngram4-k0": {"method": "ngram", "num_speculative_tokens": 4, "adaptive": True, "k0": True},
@@ -164,6 +168,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--batch-sizes", default="1,64")
+    ap.add_argument("--prompt-len", type=int, default=64,
+                    help="prompt tokens per request (a repeated 8-token motif; max_model_len allowing)")
     ap.add_argument("--repeats", type=int, default=3, help="best of this many runs")
     ap.add_argument("--profile", default=None, help="cProfile one case, e.g. sync/decode/1")
     ap.add_argument("--sort", default="cumulative", help="cProfile sort key (cumulative, tottime, ...)")
@@ -180,13 +186,14 @@ def main() -> None:
     model = tiny_model(tiny_config(vocab=512))
     if args.profile:
         loop, case, batch = args.profile.split("/")
-        measure(model, int(batch), loop == "async", CASES[case], args.steps, profile=True, output_kind=kind)
+        measure(model, int(batch), loop == "async", CASES[case], args.steps, profile=True, output_kind=kind,
+                prompt_len=args.prompt_len)
         return
-    gc_kw = dict(gc_freeze=not args.no_gc_freeze, gc_threshold=args.gc_threshold)
+    gc_kw = dict(gc_freeze=not args.no_gc_freeze, gc_threshold=args.gc_threshold, prompt_len=args.prompt_len)
     print(f"output kind: {kind.name}; gc.freeze at start-up: {gc_kw['gc_freeze']}; "
           f"gen0 threshold: {args.gc_threshold or gc.get_threshold()[0]}")
-    print(f"{'loop':6} {'case':7} {'batch':>5} {'step ms':>8} {'forward ms':>10} {'host ms':>8} "
-          f"{'host us/req':>11} {'gc ms':>6} {'gen2 ms':>7} {'gc n (gen0/1/2)':>16}")
+    print(f"{'loop':6} {'case':10} {'batch':>5} {'step ms':>8} {'forward ms':>10} {'host ms':>8} "
+          f"{'host us/req':>11} {'drafts/step':>11} {'acc/step':>8} {'gc ms':>6} {'gen2 ms':>7} {'gc n (gen0/1/2)':>16}")
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         for case in args.cases.split(","):
             for loop in args.loops.split(","):
@@ -194,8 +201,9 @@ def main() -> None:
                                 **gc_kw) for _ in range(args.repeats)]
                 r = min(runs, key=lambda x: x["host_ms"])
                 n = "/".join(f"{c:.2f}" for c in r["gc_n"])
-                print(f"{loop:6} {case:7} {batch:5d} {r['total_ms']:8.3f} {r['forward_ms']:10.3f} {r['host_ms']:8.3f} "
-                      f"{1e3 * r['host_ms'] / batch:11.1f} {r['gc_ms']:6.3f} {r['gc2_ms']:7.3f} {n:>16}",
+                print(f"{loop:6} {case:10} {batch:5d} {r['total_ms']:8.3f} {r['forward_ms']:10.3f} {r['host_ms']:8.3f} "
+                      f"{1e3 * r['host_ms'] / batch:11.1f} {r['drafts'] / args.steps:11.1f} "
+                      f"{r['accepted'] / args.steps:8.1f} {r['gc_ms']:6.3f} {r['gc2_ms']:7.3f} {n:>16}",
                       flush=True)
 
 

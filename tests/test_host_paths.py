@@ -169,3 +169,34 @@ def test_build_batch_staged_equals_separate_copies():
         assert (a[2].max_query_len, a[2].max_seq_len) == (b[2].max_query_len, b[2].max_seq_len)
         if kw["with_reference"]:
             assert torch.equal(a[2].kv_gather_idx, b[2].kv_gather_idx) and torch.equal(a[2].attn_mask, b[2].attn_mask)
+
+
+def test_ngram_proposer_mirror_matches_reference_as_tokens_grow():
+    """NgramProposer's per-request TokenWords mirror (extended step by step) drafts exactly what the
+    plain lookup over all the request's tokens drafts, also after the tokens change under it (a cut
+    after a stop, a placeholder) and for the probe hint (tokens but the newest, placeholders skipped)."""
+    from verispec.core.placeholder import PLACEHOLDER
+    from verispec.spec_decode.ngram import NgramProposer
+
+    rng = random.Random(7)
+    for trial in range(40):
+        lo = rng.randrange(1, 3)
+        hi = rng.randrange(lo, 5)
+        prop = NgramProposer(4, lo, hi)
+        vocab = rng.choice([3, 8, 300])
+        req = Request("r", [rng.randrange(vocab) for _ in range(rng.randrange(1, 30))], SamplingParams(max_tokens=10**6))
+        for step in range(60):
+            req.output_token_ids += [rng.randrange(vocab) for _ in range(rng.randrange(1, 6))]
+            if rng.random() < 0.1 and len(req.output_token_ids) > 3:  # tokens change under the mirror
+                del req.output_token_ids[-rng.randrange(1, 4):]
+                req.output_token_ids[-1] = rng.randrange(vocab)
+            want = ngram_reference(req.all_token_ids, 4, lo, hi)
+            assert prop.propose([req]).token_ids["r"] == want, (trial, step)
+            placeholder = rng.random() < 0.2
+            if placeholder:
+                req.output_token_ids.append(PLACEHOLDER)
+            head = req.all_token_ids[:-1]
+            hint = int(PLACEHOLDER not in head and bool(ngram_reference(head, 1, lo, hi)))
+            assert prop.would_draft([req]) == hint, (trial, step)
+            if placeholder:
+                req.output_token_ids[-1] = rng.randrange(vocab)  # resolved

@@ -208,6 +208,8 @@ class Scheduler:
         """Blocks for num_tokens (the draft positions a drafter writes before the step that
         verifies them), preempting as schedule() does when they run out, possibly req itself:
         a request never goes without its drafts for lack of blocks. Returns the preempted."""
+        if num_tokens <= len(req.block_ids) * self.blocks.block_size:
+            return []  # its blocks hold them already (most steps: allocate would take nothing)
         out = SchedulerOutput()
         self._allocate_or_preempt(req, num_tokens, out)
         return out.preempted
