@@ -428,3 +428,20 @@ def test_streamed_steps_account_for_steps_without_outputs(monkeypatch):
     run = drive_mod.drive(eng, [[3, 4, 5], [6, 7]], [sp, sp], torch.device("cpu"))
     assert len(run.steps) < len(calls)  # some steps emitted nothing
     assert sum(st.seconds for st in run.steps) == len(calls)
+
+
+def test_spec_trace_steps(tmp_path):
+    """--trace-steps writes each row's steps: "self" with k = 3 pinned on 6 output tokens verifies 3 drafts per
+    request (all accepted) after its first token, so the trace of 2 requests sums to 12 new tokens, 6 drafts
+    and 6 accepted, with a step planned at k = 3; plain decoding's trace has no drafts and k 0 throughout."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt_token_ids": [7, 8, 9, 10, 7, 8, 9]}\n{"prompt_token_ids": [1, 2, 3, 1, 2, 3, 1, 2]}\n')
+    trace = tmp_path / "trace"
+    _bench(tmp_path, "spec", "--prompts", str(prompts), "--num-prompts", "2", "--batch-sizes", "2",
+           "--output-len", "6", "-k", "3", "--methods", "none,self", "--no-adaptive", "--repeats", "1",
+           "--waves", "1", "--trace-steps", str(trace))
+    lines = {m: [json.loads(x) for x in (trace / f"{m}_b2.jsonl").read_text().splitlines()] for m in ("none", "self")}
+    sums = {m: [sum(st[f] for st in v) for f in ("new", "drafts", "accepted")] for m, v in lines.items()}
+    assert sums == {"none": [12, 0, 0], "self": [12, 6, 6]}
+    assert 3 in {st["k"] for st in lines["self"]} and {st["k"] for st in lines["none"]} == {0}
+    assert all(st["ms"] > 0 and st["seqs"] >= 1 for v in lines.values() for st in v)

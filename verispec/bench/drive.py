@@ -153,8 +153,10 @@ def _stream_loop(engine: LLMEngine, index: dict[str, int], t0: float, device: to
     steps: list[StepRecord] = []
     idle = 0
     carried = 0.0  # time of steps without outputs (an admission step in the overlapped loop), added to the next
+    spec, drafts0, acc0 = engine.spec, engine.spec.num_draft_tokens, engine.spec.num_accepted_tokens
     while engine.has_unfinished_requests():
         ts = time.perf_counter()
+        engine.planned_k = 0
         outs = engine.step()
         if per_step_sync:
             sync(device)
@@ -177,8 +179,9 @@ def _stream_loop(engine: LLMEngine, index: dict[str, int], t0: float, device: to
             if o.finished:
                 e2e[i] = now - t0
         if outs:
-            steps.append(StepRecord(now - ts + carried, len(outs), ctx, new, prefill))
-            carried = 0.0
+            steps.append(StepRecord(now - ts + carried, len(outs), ctx, new, prefill,
+                                    spec.num_draft_tokens - drafts0, spec.num_accepted_tokens - acc0, engine.planned_k))
+            carried, drafts0, acc0 = 0.0, spec.num_draft_tokens, spec.num_accepted_tokens
     return outputs, steps, ttft, e2e
 
 

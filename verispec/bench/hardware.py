@@ -26,6 +26,9 @@ class StepRecord:
     context_tokens: int  # sum over those sequences of their length after the step (KV entries read)
     new_tokens: int  # output tokens the step emitted
     prefill: bool  # some sequence emitted its first token in this step
+    draft_tokens: int = 0  # drafts verified by the steps whose counts the engine committed during this step()
+    accepted: int = 0  # ... of which accepted
+    planned_k: int = 0  # the policy's k for the step planned during this step() (engine.planned_k)
 
 
 def matmul_params(cfg: ModelConfig) -> int:

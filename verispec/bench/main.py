@@ -160,6 +160,8 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--waves", type=_positive, default=4,
                    help="batch size b runs max(--num-prompts, waves * b) requests, cycling the prompts: a queue "
                         "refills freed slots, so each row is steady-state throughput (1: one wave at b >= prompts)")
+    p.add_argument("--trace-steps", default=None, metavar="DIR",
+                   help="write each row's steps (ms, new tokens, drafts, accepted, planned k) to DIR/METHOD_bB.jsonl")
     p = kind("invariance", "greedy tokens at batch 1 vs batch N and with speculation vs without: mismatching "
                            "requests and first mismatching token (one --dtype / --batch-invariant mode per call)")
     _common(p)
@@ -310,7 +312,7 @@ def run(args) -> dict:
                        args.num_speculative_tokens, args.draft_model, args.prompts, args.num_prompts, args.peer,
                        compile_peer, draft_overrides=args.model_overrides, dflash_model=args.dflash_model,
                        dflash_k=args.dflash_k, chat=args.chat, repeats=args.repeats, adaptive=args.adaptive,
-                       waves=args.waves)
+                       waves=args.waves, trace_dir=args.trace_steps)
     settings = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
     res = {
         "kind": args.bench_kind, "model": bm.config.name or args.model, "device": str(bm.device),

@@ -144,6 +144,19 @@ def _row(bm: BenchModel, method: str, b: int, k: int, run) -> dict:
     return row
 
 
+def write_trace(path: Path, steps: list) -> None:
+    """One JSON line per step record of a run: ms, seqs, context and new tokens, prefill, the drafts and
+    accepted drafts the engine committed during the step() call, and the k it planned then (in the
+    overlapped loop a step() commits the step before the one it launches, so a line's drafts belong to the
+    plan of the line before it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for st in steps:
+            f.write(json.dumps({"ms": round(1e3 * st.seconds, 4), "seqs": st.num_seqs, "ctx": st.context_tokens,
+                                "new": st.new_tokens, "prefill": st.prefill, "drafts": st.draft_tokens,
+                                "accepted": st.accepted, "k": st.planned_k}) + "\n")
+
+
 def median_row(rows: list[dict]) -> tuple[dict, int]:
     """(the median of repeated runs' rows by tok/s, its index), plus `runs` (every run's tok/s, in run
     order). The median is a run that happened (for an even count the slower middle one)."""
@@ -157,11 +170,12 @@ def run_spec(bm: BenchModel, methods: list[str], batch_sizes: list[int], output_
              draft_model: str | None = None, prompts_file: str | None = None, num_prompts: int = 16,
              peer: str | None = None, compile_peer: bool = True, draft_overrides: dict | None = None,
              dflash_model: str | None = None, dflash_k: int | None = None, chat: bool = False,
-             repeats: int = 3, adaptive: bool = False, waves: int = 1) -> dict:
+             repeats: int = 3, adaptive: bool = False, waves: int = 1, trace_dir: str | None = None) -> dict:
     """Run every (batch size, method) `repeats` times (the row: the median run); returns {"rows", "peers",
     "prompts"}. dflash_model "random" makes an untrained drafter for the target (speed only). chat: render
     text prompts as chat requests (a code stub as "Complete this function: ...", a natural-language request
-    as the user message itself: train/data.py render_prompts). adaptive=False pins k (the engine drafts k every step)."""
+    as the user message itself: train/data.py render_prompts). adaptive=False pins k (the engine drafts k every step).
+    trace_dir: each row's median run's steps go to trace_dir/METHOD_bB.jsonl (write_trace)."""
     if repeats < 1 or waves < 1:
         raise ValueError("repeats and waves must be >= 1")
 
@@ -199,6 +213,8 @@ def run_spec(bm: BenchModel, methods: list[str], batch_sizes: list[int], output_
             del engine
             free_memory()
             row, i = median_row([_row(bm, method, b, mk, run) for run in runs])
+            if trace_dir is not None:
+                write_trace(Path(trace_dir) / f"{method}_b{b}.jsonl", runs[i].steps)
             row["adaptive"] = adaptive if method != "none" else None
             row["cost_ms"] = cost_ms
             outputs[(method, b)] = runs[i].outputs

@@ -107,6 +107,7 @@ class LLMEngine:
         self._latest_sched = None
         self._stopped_latest: list[Request] = []
         self._plan_ready: list[Request] = []
+        self.planned_k = 0  # the latest plan's k (host int, set by _plan_drafts; the bench's step traces read it)
         if self.policy is not None and hasattr(p.proposer, "would_draft"):  # (the same requests in both loops)
             self.policy.probe_hint = lambda: p.proposer.would_draft(self._plan_ready + self._stopped_latest)
         # The overlapped loop collects its in-flight step before the next schedule (_step_async).
@@ -416,9 +417,11 @@ class LLMEngine:
             elif drain:
                 outputs = self._drain()
                 ready = [r for r in ready if r.status is Status.RUNNING and not r.pending_stop]
-        elif drain:
-            outputs = self._drain()
-            ready = self._ready()
+        else:  # k pinned
+            self.planned_k = self.config.speculative_config.num_speculative_tokens if ready else 0
+            if drain:
+                outputs = self._drain()
+                ready = self._ready()
         # Drafters write K/V at the draft positions, so their blocks are reserved now. A request
         # never goes without drafts for lack of blocks (that would make its draft schedule, and so
         # its sampled tokens, depend on block pressure): requests are preempted as in schedule(),
@@ -460,7 +463,7 @@ class LLMEngine:
             return 0
         ids = [r.request_id for r in ready] + [r.request_id for r in self._stopped_latest]
         self._plan_ready = ready
-        k = self.policy.plan(ids)
+        k = self.planned_k = self.policy.plan(ids)
         if k == 0:
             for r in ready:
                 r.draft_limit = r.planned_drafts = 0
