@@ -20,6 +20,7 @@
 #   hint       `bench spec` none / ngram / draft_model on HumanEval at batch 1 and 64, ngram's held-out batch 64 (~4 min);
 #   k0         `bench spec --random-weights` none / ngram / dflash (untrained) at batch 1 and 64: what k = 0 costs;
 #   quant_lite `bench latency` at batch 1, quantization none vs gguf, on the 1.5B (~2 min);
+#   host_gap   scripts/gpu_host_gap.sh (h2, ~10 min): the GPU's idle gap per step with drafts, by batch and context;
 #   gguf / quant scripts/gpu_gguf.sh (~4 min) and scripts/gpu_quant.sh (~12 min): issue 20 on the GPU.
 # The whole list is far over one 30-minute lease: pick with SKIP (e.g. SKIP="gemma gates verify small_m cost
 # structured gguf" for training + invariance + both prompt sets + quant).
@@ -48,7 +49,7 @@ spec() {  # spec NAME PROMPTS METHODS BATCHES [extra args]
   [ -f "$R/dflash/model.safetensors" ] || methods=${methods//,dflash/}
   $V bench spec --model $M --draft-model $D "${dflash[@]}" --methods "$methods" --batch-sizes "$batches" \
     --prompts "$prompts" --num-prompts 32 --output-len 256 --repeats "${REPEATS:-1}" --chat \
-    --json "$R/spec_$name.json" "$@" > "$R/spec_$name.log" 2>&1
+    --json "$R/spec_$name.json" --trace-steps "$R/trace_$name" "$@" > "$R/spec_$name.log" 2>&1
 }
 helper() {  # helper STAGE SCRIPT [args]: a helper's GPU script, results under $R/STAGE
   local stage=$1 script=$2; shift 2
@@ -157,6 +158,7 @@ if want quant_lite; then
   mark "quant_lite done"
 fi
 GATES_PHASE=B BUDGET_S=160 helper cost scripts/gpu_gates.sh
+helper host_gap scripts/gpu_host_gap.sh
 helper gguf scripts/gpu_gguf.sh
 helper quant scripts/gpu_quant.sh
 helper structured scripts/gpu_structured.sh
