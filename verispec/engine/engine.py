@@ -418,7 +418,7 @@ class LLMEngine:
                 outputs = self._drain()
                 ready = [r for r in ready if r.status is Status.RUNNING and not r.pending_stop]
         else:  # k pinned
-            self.planned_k = self.config.speculative_config.num_speculative_tokens if ready else 0
+            self.planned_k = self.proposer.k if ready else 0
             if drain:
                 outputs = self._drain()
                 ready = self._ready()
