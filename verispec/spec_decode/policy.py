@@ -213,9 +213,9 @@ class SpeculationPolicy:
         self._probe_floor: dict[int, int] = {}  # batch -> probe_floor(batch)
         self._retired: list[str] = []  # finished requests, dropped after the next plan
         self.idle_steps = 0  # consecutive plans at k = 0 since the last drafting step
-        # The engine's probe hint (None: none): whether the proposer would find drafts for the requests being
-        # planned, from tokens both loops know (ngram: a suffix match; module docstring). Asked only when
-        # a probe is due by the doubling schedule.
+        # The engine's probe hint (None: none): for how many of the requests being planned the proposer
+        # would find drafts, from tokens both loops know (ngram: a suffix match; module docstring). Asked
+        # only when a probe is due by the doubling schedule.
         self.probe_hint: Callable[[], int] | None = None
         self.probe_every = self.params.probe_min
 
@@ -313,9 +313,8 @@ class SpeculationPolicy:
         k = self.best_k(request_ids, batch)
         if k > 0:
             self.idle_steps, self.probe_every = 0, self.params.probe_min
-        elif request_ids and self.could_pay(batch or len(request_ids)):
+        elif request_ids and self.could_pay(b := batch or len(request_ids)):
             self.idle_steps += 1
-            b = batch or len(request_ids)
             hint = self.probe_hint() if self.probe_hint is not None and self.idle_steps >= self.probe_every else None
             if hint is not None and not self.could_pay(b, hint):
                 self.idle_steps = 0  # too few requests would get drafts for them to pay: wait probe_every more

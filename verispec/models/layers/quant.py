@@ -117,15 +117,17 @@ class QuantLinear(nn.Module):
             raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({self.out_features},)")
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.compute_dtype = compute_dtype
+        self._kernel_segments = all(isinstance(s, GGUFSegment) and s.epilogues for s in segments)
 
     @property
     def kernel_segments(self) -> bool:
         """True when every segment is GGUF blocks run by a kernel with epilogues (the CUDA path: forward
-        writes each segment's columns of one output, bias in the kernel's epilogue; silu_mul is one kernel)."""
-        return all(isinstance(s, GGUFSegment) and s.epilogues for s in self.segments)
+        writes each segment's columns of one output, bias in the kernel's epilogue; silu_mul is one kernel).
+        Fixed at construction (forward runs per layer and step)."""
+        return self._kernel_segments
 
     def _kernel_forward(self, x: torch.Tensor, silu_mul: bool = False) -> torch.Tensor:
-        """The segments' kernels on 2-D CUDA x, each writing its column slice of one [T, N] buffer (no
+        """The segments' kernels on 2-D x, each writing its column slice of one [T, N] buffer (no
         concatenation, no separate bias add); silu_mul: one [gate; up] segment -> silu(gate) * up."""
         n = self.out_features // 2 if silu_mul else self.out_features
         y = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
@@ -144,14 +146,14 @@ class QuantLinear(nn.Module):
     def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
         """silu(x W_gate^T) * (x W_up^T) for a stacked [gate; up] weight: fused in the GGUF kernel's
         epilogue where the weight is one CUDA GGUF segment without bias, else forward, then the two halves."""
-        if x.dim() == 2 and self.bias is None and len(self.segments) == 1 and self.kernel_segments \
+        if x.dim() == 2 and self.bias is None and len(self.segments) == 1 and self._kernel_segments \
                 and x.dtype == self.compute_dtype:
             return self._kernel_forward(x, silu_mul=True)
         gate, up = self(x).chunk(2, dim=-1)
         return F.silu(gate) * up
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and self.kernel_segments and x.dtype == self.compute_dtype \
+        if x.dim() == 2 and self._kernel_segments and x.dtype == self.compute_dtype \
                 and (self.bias is None or self.bias.dtype == x.dtype):
             return self._kernel_forward(x)
         one = self.segments[0] if len(self.segments) == 1 else None
