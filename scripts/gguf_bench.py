@@ -108,7 +108,7 @@ def mma_configs(m: int, n: int, k: int, qtype: int) -> list[dict]:
 
 def measure(ctx: dict, m: int, kname: str, c: dict, default: bool) -> dict | None:
     """Time one kernel config on one case (ctx: the shape's inputs, weights and dense times); the result row."""
-    fn = gm.gguf_gemv if kname == "gemv" else gm.gguf_mma
+    fn = {"gemv": gm.gguf_gemv, "mma": gm.gguf_mma, "dense": gm.gguf_dense}[kname]
     x = ctx["xs"][m]
     try:
         t = ctx["time_it"](lambda w: fn(x, w, config=c), ctx["ws"])
@@ -165,7 +165,7 @@ def run_shape(args, layer: tuple[str, int, int], deadline: float, time_it, resul
         for m in rows:  # pass 1: gguf_linear's pick with its default tiles, checked against the reference
             kname, cfg = gm.linear_plan(m, n, k, qt)
             ref = gm.gguf_linear_ref(xs[m], ws[0]).float()
-            out = (gm.gguf_gemv if kname == "gemv" else gm.gguf_mma)(xs[m], ws[0], config=cfg)
+            out = {"gemv": gm.gguf_gemv, "mma": gm.gguf_mma, "dense": gm.gguf_dense}[kname](xs[m], ws[0], config=cfg)
             err = (out.float() - ref).abs().max().item() / ref.abs().max().item()
             r = measure(ctx, m, kname, cfg, True)
             if r is not None:
@@ -179,6 +179,7 @@ def run_shape(args, layer: tuple[str, int, int], deadline: float, time_it, resul
         groups = [[(m, "gemv", c) for c in near(gemv_configs(m), defaults.get(m))] for m in rows
                   if m <= gm.GEMV_MAX_ROWS]
         groups += [[(m, "mma", c) for c in mma_configs(m, n, k, qt)] for m in rows if m >= 8]
+        groups = [[(m, "dense", {}) for m in rows if m >= 16 and m < gm.DENSE_MIN_ROWS]] + groups  # the dense route below its threshold
         todo = [g[i] for i in range(max(map(len, groups), default=0)) for g in groups if i < len(g)]
         best = dict(defaults)
         for i, (m, kname, c) in enumerate(todo):

@@ -155,6 +155,8 @@ def test_mma_config_split_does_not_depend_on_rows():
 
 _ROW_CHECK = """
 import torch
+from conftest import _interpreter_math_by_value
+_interpreter_math_by_value()  # float32 dots by value, as in the test process (conftest.py)
 from verispec.kernels import gguf_matmul as gm
 for qtype, k in ((12, 768), (14, 512)):
     w = gm.random_weight(qtype, 45, k, seed=qtype)
@@ -186,7 +188,7 @@ def test_mma_superblock_rows_do_not_depend_on_the_batch():
 
     root = str(Path(__file__).resolve().parents[1])
     env = dict(os.environ, TRITON_INTERPRET="1", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+               PYTHONPATH=os.pathsep.join([root, str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run([sys.executable, "-c", _ROW_CHECK], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "rows ok" in r.stdout, r.stderr[-2000:]
 
@@ -215,6 +217,22 @@ def test_silu_mul(qtype, kernel, m, cfg):
     ref = gm.gguf_linear_ref(x, w, silu_mul=True)
     assert ref.shape == (m, inter)
     close(out, ref, 1e-5)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("bias,silu", [(False, False), (True, False), (False, True)])
+def test_dense_route_dequantizes_in_chunks(qtype, bias, silu):
+    """gguf_dense: W's rows dequantized a chunk at a time (CHUNK small enough for 3 chunks of 16 rows and a
+    partial one) into x's dtype, then a dense GEMM: float32 here, so the reference's products exactly."""
+    n, k, m = 54, small_k(qtype), 7
+    w = rand_weight(qtype, n, k, seed=qtype + 11)
+    x = rand(m, k, seed=3) * (0.02 if silu else 1.0)
+    b = rand(n, seed=4) if bias else None
+    cfg = dict(CHUNK=16 * k)
+    close(gm.gguf_dense(x, w, b, config=cfg, silu_mul=silu), gm.gguf_linear_ref(x, w, b, silu_mul=silu), 1e-5)
+    out = torch.full((m, 2 * n), 7.0)  # into a column slice of a wider output, the rest untouched
+    gm.gguf_dense(x, w, b, config=cfg, out=out[:, 3:3 + (n // 2 if silu else n)], silu_mul=silu)
+    assert (out[:, :3] == 7.0).all()
 
 
 def test_the_comparison_can_fail():
@@ -340,9 +358,10 @@ def test_gpu_gate_up_silu_mul():
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("m", [1, 8, 64])
+@pytest.mark.parametrize("m", [1, 8, 64, 256])
 def test_gpu_cuda_graph_capture(m):
-    """gguf_linear captured in a CUDA graph (split-K workspace included) replays on new inputs."""
+    """gguf_linear captured in a CUDA graph (split-K workspace and the dense route's scratch included) replays
+    on new inputs."""
     w = rand_weight(int(T.Q4_K), 1536, 8960, seed=0, device="cuda")
     x = rand(m, 8960, seed=1, device="cuda", dtype=torch.bfloat16)
     gm.gguf_linear(x, w)  # compile outside the capture
@@ -419,8 +438,8 @@ def test_gpu_batch_invariant_linear_is_one_kernel_for_every_row_count(qtype):
 
 def test_linear_plan_follows_the_measured_crossovers():
     """gguf_linear's pick (session 14's H200 figures): Q4_K / Q6_K take the GEMV for one row, the super-block
-    tensor-core kernel for 2..SB_MAX_ROWS rows and the generic one above; other types the GEMV up to
-    GEMV_MAX_ROWS; with batch_invariant the tensor-core kernel of the type at every row count, with the
+    tensor-core kernel for 2..SB_MAX_ROWS rows, other types the GEMV up to GEMV_MAX_ROWS and the generic
+    tensor-core kernel above; every type the dense route (gguf_dense) from DENSE_MIN_ROWS; with batch_invariant the tensor-core kernel of the type at every row count, with the
     same tiles whatever m where the tiles set a row's sums (split, SWAP, PARTS)."""
     from verispec.core.options import KernelOptions
 
@@ -429,10 +448,12 @@ def test_linear_plan_follows_the_measured_crossovers():
     for m in (2, 16, gm.SB_MAX_ROWS):
         kernel, cfg = gm.linear_plan(m, 2048, 1536, q4)
         assert kernel == "mma" and cfg.get("SB") == 1, m
-    kernel, cfg = gm.linear_plan(gm.SB_MAX_ROWS + 1, 2048, 1536, q4)
-    assert kernel == "mma" and "SB" not in cfg
+    assert gm.DENSE_MIN_ROWS == gm.SB_MAX_ROWS + 1
+    assert [gm.linear_plan(m, 2048, 1536, q4)[0] for m in (65, 256)] == ["dense", "dense"]
     assert gm.linear_plan(gm.GEMV_MAX_ROWS, 896, 896, q8)[0] == "gemv"
-    assert gm.linear_plan(gm.GEMV_MAX_ROWS + 1, 896, 896, q8)[0] == "mma"
+    kernel, cfg = gm.linear_plan(gm.GEMV_MAX_ROWS + 1, 896, 896, q8)
+    assert kernel == "mma" and "SB" not in cfg
+    assert [gm.linear_plan(m, 896, 896, q8)[0] for m in (64, 65)] == ["mma", "dense"]
     inv = KernelOptions(batch_invariant=True)
     plans = [gm.linear_plan(m, 1536, 8960, q4, inv) for m in (1, 5, 64, 256)]
     assert all(k == "mma" and c["SB"] == 1 for k, c in plans)

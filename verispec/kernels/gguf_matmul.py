@@ -52,6 +52,11 @@ GEMV_MAX_ROWS = 16  # above this many rows gguf_linear takes the tensor-core ker
 # linears 9.3 ms against 6.7).
 KQUANT_GEMV_ROWS = 1  # Q4_K / Q6_K: the GEMV for this many rows, the tensor-core kernels above
 SB_MAX_ROWS = 64  # Q4_K / Q6_K: the super-block tensor-core kernel up to this many rows, the generic one above
+# From this many rows gguf_linear dequantizes the weight into a scratch in x's dtype, a chunk of rows at a time,
+# and runs torch's GEMM on it (gguf_dense): at 256 rows the step's linears took 9,271 us in the super-block kernel
+# and 6,681 in the generic one against 1,595 dense (session 14), and a dequant pass costs about the bytes it writes.
+DENSE_MIN_ROWS = SB_MAX_ROWS + 1
+DENSE_CHUNK_ELEMS = 1 << 25  # most weight elements one scratch holds (64 MiB in bf16; the LM head takes 7 chunks)
 KQUANT_GEMV_TYPES: frozenset[int] = frozenset({int(T.Q4_K), int(T.Q6_K)})  # _kquant_gemv_kernel's types
 # Byte offsets of each type's float16 fields (d, and dmin / m where it has one) within a block.
 F16_FIELDS: dict[int, tuple[int, ...]] = {T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,),
@@ -904,6 +909,41 @@ def _workspace(x: torch.Tensor, m: int, n: int, split: int, silu_mul: bool, out:
     return torch.empty(split, m, 2 * n if silu_mul else n, dtype=torch.float32, device=x.device)
 
 
+def gguf_dense(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None, config: dict | None = None,
+               options: KernelOptions = DEFAULT_OPTIONS, out: torch.Tensor | None = None,
+               silu_mul: bool = False) -> torch.Tensor:
+    """x [M, K] -> [M, N] through a dense GEMM (many rows: prefill, big batches): each chunk of W's rows
+    (config["CHUNK"] elements at most, default DENSE_CHUNK_ELEMS) is dequantized by dequant_tile into a scratch
+    in x's dtype, then multiplied by torch (cuBLAS on CUDA) with float32 accumulation; bias added and SiLU-and-mul
+    applied in float32 (silu_mul as gguf_gemv), rounded once. The scratch is freed after each chunk (under
+    CUDA-graph capture it comes from the graph's pool and is reused by the next layer)."""
+    x = _check(x, w, bias, silu_mul)
+    m, k = x.shape
+    n_all = w.shape[0]
+    n = n_all // 2 if silu_mul else n_all
+    out = _out(x, n, out)
+    if m == 0:
+        return out
+    chunk = max(16, (config or {}).get("CHUNK", DENSE_CHUNK_ELEMS) // k // 16 * 16)
+    targs = _type_args(w, 256)
+    y = out if not silu_mul and bias is None else torch.empty(m, n_all, dtype=torch.float32, device=x.device)
+    for n0 in range(0, n_all, chunk):
+        rows = min(chunk, n_all - n0)
+        blocks = w.blocks[n0:n0 + rows]
+        scratch = torch.empty(rows, k, dtype=x.dtype, device=x.device)
+        _dequant_kernel[(triton.cdiv(rows, 16), triton.cdiv(k, 256))](
+            blocks, blocks.view(torch.float16), scratch, rows, **targs, BLOCK_N=16, BLOCK_K=256,
+        )
+        part = torch.matmul(x, scratch.t())
+        y[:, n0:n0 + rows].copy_(part)
+        del scratch, part
+    if bias is not None:
+        out.copy_(y + bias.float())
+    elif silu_mul:
+        out.copy_(F.silu(y[:, :n]) * y[:, n:])
+    return out
+
+
 def gguf_linear(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None,
                 options: KernelOptions = DEFAULT_OPTIONS, out: torch.Tensor | None = None,
                 silu_mul: bool = False) -> torch.Tensor:
@@ -917,20 +957,23 @@ def gguf_linear(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None
         return y if out is None else _out(x, y.shape[1], out).copy_(y)
     n = w.shape[0] // 2 if silu_mul else w.shape[0]
     kernel, cfg = linear_plan(x.shape[0], n, w.shape[1], w.qtype, options)
-    run = gguf_gemv if kernel == "gemv" else gguf_mma
+    run = {"gemv": gguf_gemv, "mma": gguf_mma, "dense": gguf_dense}[kernel]
     return run(x, w, bias, config=cfg, options=options, out=out, silu_mul=silu_mul)
 
 
 def linear_plan(m: int, n: int, k: int, qtype: int, options: KernelOptions = DEFAULT_OPTIONS) -> tuple[str, dict]:
-    """gguf_linear's kernel ("gemv" or "mma") and tiles for m rows of an [n, k] weight of this type: the GEMV
-    up to KQUANT_GEMV_ROWS (Q4_K / Q6_K) or GEMV_MAX_ROWS rows, the super-block tensor-core kernel up to
-    SB_MAX_ROWS, the generic one above; with options.batch_invariant the tensor-core kernel of the type at
-    every m (the kernels' sums differ from each other; each one's row results do not depend on m)."""
+    """gguf_linear's kernel ("gemv", "mma" or "dense") and tiles for m rows of an [n, k] weight of this type: the
+    GEMV up to KQUANT_GEMV_ROWS (Q4_K / Q6_K) or GEMV_MAX_ROWS rows, the tensor-core kernel (super-block for
+    Q4_K / Q6_K) below DENSE_MIN_ROWS, gguf_dense from there; with options.batch_invariant the tensor-core kernel
+    of the type at every m (the kernels' sums differ from each other; each one's row results do not depend on
+    m, which a library GEMM does not promise)."""
     if options.batch_invariant:
         return "mma", mma_config(m, n, k, qtype)
     if m <= (KQUANT_GEMV_ROWS if qtype in KQUANT_GEMV_TYPES else GEMV_MAX_ROWS):
         return "gemv", gemv_config(m, n, k, qtype)
-    return "mma", mma_config(m, n, k, qtype, superblock=m <= SB_MAX_ROWS)
+    if m >= DENSE_MIN_ROWS:
+        return "dense", {}
+    return "mma", mma_config(m, n, k, qtype)
 
 
 def gguf_linear_ref(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None,
