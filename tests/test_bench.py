@@ -157,7 +157,10 @@ def test_spec_methods_and_hf_peer_identity(tmp_path):
     for (method, b), r in rows.items():
         assert r["tok_s"] > 0 and r["output_tokens"] == 12 and r["mismatches"] == 0
         assert len(r["runs"]) == 2 and r["tok_s"] in r["runs"]  # the median of the repeats
-        assert r["speedup"] == pytest.approx(r["tok_s"] / rows[("none", b)]["tok_s"])
+        # interleaved repeats (the default): run i of every method is paired with plain decoding's run i
+        paired = [m / n for m, n in zip(r["runs"], rows[("none", b)]["runs"], strict=True)]
+        assert r["speedup_runs"] == pytest.approx(paired, rel=1e-3)
+        assert r["speedup"] == pytest.approx(sum(paired) / 2, rel=1e-3)  # the median of two
         assert 0 <= r["mean_k"] <= k and r["num_steps"] > 0
         if method != "none":
             assert r["adaptive"] is False  # the default pins k
@@ -193,6 +196,23 @@ def test_spec_pinned_k_and_default_sweep(tmp_path):
         assert r["adaptive"] is False and r["mean_k"] == 1.5 and r["acceptance_rate"] == 1.0 and len(r["runs"]) == 1
     args = build_parser().parse_args(["bench", "spec"])
     assert args.batch_sizes == [1, 4, 16, 64] and args.adaptive is True and args.repeats == 3 and args.waves == 4
+    assert args.interleave is True
+
+
+def test_spec_no_interleave_takes_the_median_runs_ratio(tmp_path):
+    """--no-interleave runs each engine's repeats back to back: the speedup is the median runs' ratio, and
+    speedup_runs still pairs run i with plain decoding's run i."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt_token_ids": [7, 8, 9, 10, 7, 8, 9]}\n')
+    res = _bench(tmp_path, "spec", "--prompts", str(prompts), "--num-prompts", "1", "--batch-sizes", "1",
+                 "--output-len", "6", "-k", "3", "--methods", "none,self", "--no-adaptive", "--repeats", "3",
+                 "--waves", "1", "--no-interleave")
+    none, self_ = res["rows"]
+    assert (none["method"], self_["method"]) == ("none", "self") and len(self_["runs"]) == 3
+    assert self_["speedup"] == pytest.approx(self_["tok_s"] / none["tok_s"])
+    assert self_["speedup_runs"] == pytest.approx([m / n for m, n in zip(self_["runs"], none["runs"], strict=True)],
+                                                 rel=1e-3)
+    assert none["speedup_runs"] == [1.0, 1.0, 1.0] and self_["mismatches"] == 0
 
 
 def test_spec_dflash_random_drafter(tmp_path):

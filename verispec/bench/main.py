@@ -162,6 +162,10 @@ def add_bench_parser(sub) -> None:
                         "refills freed slots, so each row is steady-state throughput (1: one wave at b >= prompts)")
     p.add_argument("--trace-steps", default=None, metavar="DIR",
                    help="write each row's steps (ms, new tokens, drafts, accepted, planned k) to DIR/METHOD_bB.jsonl")
+    p.add_argument("--interleave", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --repeats > 1, keep every method's engine of a batch size and run the repeats in "
+                        "rounds (one run per method, each round starting at the next method); the speedup is the "
+                        "median of the rounds' paired ratios. --no-interleave: one engine at a time (less memory)")
     p = kind("invariance", "greedy tokens at batch 1 vs batch N and with speculation vs without: mismatching "
                            "requests and first mismatching token (one --dtype / --batch-invariant mode per call)")
     _common(p)
@@ -312,7 +316,8 @@ def run(args) -> dict:
                        args.num_speculative_tokens, args.draft_model, args.prompts, args.num_prompts, args.peer,
                        compile_peer, draft_overrides=args.model_overrides, dflash_model=args.dflash_model,
                        dflash_k=args.dflash_k, chat=args.chat, repeats=args.repeats, adaptive=args.adaptive,
-                       waves=args.waves, trace_dir=args.trace_steps)
+                       waves=args.waves, trace_dir=args.trace_steps,
+                       interleave=args.interleave)
     settings = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
     res = {
         "kind": args.bench_kind, "model": bm.config.name or args.model, "device": str(bm.device),

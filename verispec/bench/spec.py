@@ -7,13 +7,18 @@ queue refills every slot a finished request frees, so a row is a steady-state th
 run lasts as long as its slowest request, and tokens a speculating request gains early buy nothing). Greedy speculation is
 lossless, so every method's tokens must equal no speculation's at the same batch size; mismatches are counted,
 not fatal (bf16 on a GPU may flip a near-tie between batch shapes). Each (batch size, method) runs `repeats`
-times on one engine after a warm-up run of the same workload; the row is the median run by tok/s. The
+times on one engine after a warm-up run of the same workload; the row is the median run by tok/s. With
+repeats > 1 the runs are interleaved (interleave=True, the default): every method's engine of a batch size
+stays alive and each round runs every method once, each round starting at the next method, so that drift over
+the minutes of a sweep (session 15: single batch-64 runs of two engines moved 10-15% either way) falls on
+every method alike; the speedup is then the median of the rounds' paired ratios (speedup_runs). The
 adaptive policy restarts its probe clock when a run starts on the idle engine, so every run makes the
 warm-up's plans, and its steps have the shapes the warm-up compiled. Speculation pins k unless adaptive=True
 (the engine picks 0..k drafts per request per step; experimental, off by default).
 
 Row keys: method, batch_size, k, adaptive, num_prompts, output_tokens, wall_s, tok_s, runs (every run's tok/s),
-speedup (over none at the same batch size, measured in this process on the same prompts), acceptance_rate,
+speedup (over none at the same batch size, measured in this process on the same prompts), speedup_runs (each
+run's tok/s over none's run of the same round), acceptance_rate,
 mean_acceptance_length (1 + accepted / drafts), acceptance_per_pos (k fractions of drafts accepted at each
 position), num_drafts, mean_k (drafts per request-step: the policy's mean k, k itself when pinned), num_steps,
 mismatches (prompts whose tokens differ from none's), first_mismatch (earliest differing token index, or None),
@@ -25,6 +30,7 @@ Peer rows (batch 1): peer, tok_s, output_tokens, ratio (verispec's matching meth
 from __future__ import annotations
 
 import json
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -170,12 +176,16 @@ def run_spec(bm: BenchModel, methods: list[str], batch_sizes: list[int], output_
              draft_model: str | None = None, prompts_file: str | None = None, num_prompts: int = 16,
              peer: str | None = None, compile_peer: bool = True, draft_overrides: dict | None = None,
              dflash_model: str | None = None, dflash_k: int | None = None, chat: bool = False,
-             repeats: int = 3, adaptive: bool = False, waves: int = 1, trace_dir: str | None = None) -> dict:
+             repeats: int = 3, adaptive: bool = False, waves: int = 1, trace_dir: str | None = None,
+             interleave: bool = True) -> dict:
     """Run every (batch size, method) `repeats` times (the row: the median run); returns {"rows", "peers",
     "prompts"}. dflash_model "random" makes an untrained drafter for the target (speed only). chat: render
     text prompts as chat requests (a code stub as "Complete this function: ...", a natural-language request
     as the user message itself: train/data.py render_prompts). adaptive=False pins k (the engine drafts k every step).
-    trace_dir: each row's median run's steps go to trace_dir/METHOD_bB.jsonl (write_trace)."""
+    trace_dir: each row's median run's steps go to trace_dir/METHOD_bB.jsonl (write_trace). interleave (with
+    repeats > 1): every method's engine of a batch size is kept, and the repeats run in rounds of one run per
+    method (each round starting at the next method), the speedup being the median of the rounds' paired ratios;
+    False: one engine at a time, its repeats back to back (less memory)."""
     if repeats < 1 or waves < 1:
         raise ValueError("repeats and waves must be >= 1")
 
@@ -198,7 +208,8 @@ def run_spec(bm: BenchModel, methods: list[str], batch_sizes: list[int], output_
     outputs: dict[tuple[str, int], list[list[int]]] = {}
     for b in batch_sizes:
         ids = [all_ids[i % len(all_ids)] for i in range(count(b))]
-        for method in methods:
+
+        def build(method: str, b: int = b, ids: list = ids):
             mk = dflash_k if method == "dflash" else k
             engine = make_engine(bm, spec_config(method, mk, draft_model, dflash_model, adaptive), b, ids,
                                  [output_len] * len(ids), draft)
@@ -207,26 +218,57 @@ def run_spec(bm: BenchModel, methods: list[str], batch_sizes: list[int], output_
             # H200 a warm-up on the first b prompts left `none` at 407 tok/s instead of 773; one of 8
             # tokens per prompt left ~1 s compiles in the timed speculative runs, session 9).
             drive(engine, ids, [greedy(output_len)] * len(ids), bm.device)
-            runs = [drive(engine, ids, [greedy(output_len)] * len(ids), bm.device) for _ in range(repeats)]
-            # the adaptive policy's step cost at this batch size, k = 0..max (what it weighed drafts against)
-            cost_ms = [round(1e3 * c, 3) for c in engine.policy.step_costs(b)] if engine.policy is not None else None
-            del engine
+            return engine
+
+        def cost_of(engine, b: int = b) -> list[float] | None:  # the policy's step cost at b, k = 0..max
+            return [round(1e3 * c, 3) for c in engine.policy.step_costs(b)] if engine.policy is not None else None
+
+        runs: dict[str, list] = {}
+        costs: dict[str, list[float] | None] = {}
+        if interleave and repeats > 1:
+            # Every method's engine alive at once; round r runs each of them once, starting at method r (module
+            # docstring: drift over minutes and the order within a round fall on every method alike).
+            engines = {method: build(method) for method in methods}
+            for r in range(repeats):
+                for method in methods[r % len(methods):] + methods[: r % len(methods)]:
+                    runs.setdefault(method, []).append(drive(engines[method], ids, [greedy(output_len)] * len(ids),
+                                                             bm.device))
+            costs = {method: cost_of(e) for method, e in engines.items()}
+            del engines
             free_memory()
-            row, i = median_row([_row(bm, method, b, mk, run) for run in runs])
+        else:
+            for method in methods:
+                engine = build(method)
+                runs[method] = [drive(engine, ids, [greedy(output_len)] * len(ids), bm.device) for _ in range(repeats)]
+                costs[method] = cost_of(engine)
+                del engine
+                free_memory()
+        base_rows = [_row(bm, "none", b, k, run) for run in runs["none"]]
+        for method in methods:
+            mk = dflash_k if method == "dflash" else k
+            cost_ms = costs[method]
+            method_rows = [_row(bm, method, b, mk, run) for run in runs[method]]
+            row, i = median_row(method_rows)
             if trace_dir is not None:
-                write_trace(Path(trace_dir) / f"{method}_b{b}.jsonl", runs[i].steps)
+                write_trace(Path(trace_dir) / f"{method}_b{b}.jsonl", runs[method][i].steps)
             row["adaptive"] = adaptive if method != "none" else None
             row["cost_ms"] = cost_ms
-            outputs[(method, b)] = runs[i].outputs
+            outputs[(method, b)] = runs[method][i].outputs
             base = outputs[("none", b)]
-            diffs = [_diff(r.outputs, base) for r in runs]  # every run, not only the median one
+            diffs = [_diff(r.outputs, base) for r in runs[method]]  # every run, not only the median one
             firsts = [f for _, f in diffs if f is not None]
             row["mismatches"], row["first_mismatch"] = max(n for n, _ in diffs), min(firsts) if firsts else None
-            row["speedup"] = row["tok_s"] / next(r["tok_s"] for r in rows + [row]
-                                                   if r["method"] == "none" and r["batch_size"] == b)
+            # Each round's tok/s over plain decoding's in the same round (paired), and the row's speedup: their
+            # median where the runs were interleaved, else the median runs' ratio.
+            paired = [m["tok_s"] / n["tok_s"] for m, n in zip(method_rows, base_rows, strict=True)]
+            row["speedup_runs"] = [round(x, 4) for x in paired]
+            row["speedup"] = (statistics.median(paired) if interleave and repeats > 1
+                              else row["tok_s"] / next(r["tok_s"] for r in rows + [row]
+                                                       if r["method"] == "none" and r["batch_size"] == b))
             if method == "none" and b != batch_sizes[0]:
                 first_b = outputs[("none", batch_sizes[0])]
-                row["mismatches_vs_first_batch_size"] = _diff(runs[i].outputs[: len(first_b)], first_b[: len(ids)])[0]
+                row["mismatches_vs_first_batch_size"] = _diff(runs[method][i].outputs[: len(first_b)],
+                                                              first_b[: len(ids)])[0]
             rows.append(row)
             print(f"  {method:12} batch {b:3}: {row['tok_s']:9.1f} tok/s, mean k {row['mean_k']:.2f}, "
                   f"{row['mismatches']} mismatches, {row['num_steps']} steps (p50 {row.get('step_ms_p50', 0):.2f} ms, "
