@@ -13,7 +13,7 @@
 set -uo pipefail
 R=/tmp/burst
 mkdir -p $R
-export PYTHONPATH=/tmp/site:$PWD VERISPEC_CACHE_DIR=${VERISPEC_CACHE_DIR:-/tmp/vcache}
+export PYTHONPATH=/tmp/site:$PWD VERISPEC_CACHE_DIR=${VERISPEC_CACHE_DIR:-/tmp/vcache} VERISPEC_STAGE_CACHE=/tmp/models
 M=qwen2.5-coder-1.5b-instruct
 D=qwen2.5-coder-0.5b-instruct
 V="python3 -m verispec.entrypoints.cli"
