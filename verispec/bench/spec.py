@@ -247,7 +247,7 @@ def run_spec(bm: BenchModel, methods: list[str], batch_sizes: list[int], output_
         for method in methods:
             mk = dflash_k if method == "dflash" else k
             cost_ms = costs[method]
-            method_rows = [_row(bm, method, b, mk, run) for run in runs[method]]
+            method_rows = base_rows if method == "none" else [_row(bm, method, b, mk, run) for run in runs[method]]
             row, i = median_row(method_rows)
             if trace_dir is not None:
                 write_trace(Path(trace_dir) / f"{method}_b{b}.jsonl", runs[method][i].steps)
