@@ -302,6 +302,38 @@ def test_modeled_step_cost_by_drafter_kind():
         PolicyParams(probe_min=0)
 
 
+def test_plain_step_costs_the_slower_of_host_and_device():
+    """The overlapped loop hides a plain step's host work behind the forward until the host is the slower:
+    seconds(0, b) = max(target, loop_host_per_seq * b). A step with drafts pays its host work on top, and
+    loop_host_per_seq plays no part in it (overhead_per_seq is all the host work of such a step)."""
+    fwd = LinearForward(1.0, 0.01)  # batch 10: 1.1; batch 40: 1.4
+    cost = ModeledStepCost(target=fwd, overhead=0.2, overhead_per_seq=0.05, loop_host_per_seq=0.04)
+    assert cost.seconds(0, 10) == pytest.approx(1.1)  # device-bound: 0.4 of host work hidden
+    assert cost.seconds(0, 40) == pytest.approx(1.6)  # host-bound: 40 * 0.04 > 1.4
+    assert cost.seconds(2, 40) == pytest.approx(0.2 + 40 * 0.05 + 1.0 + 0.01 * 120)
+    assert cost.seconds(2, 40) == ModeledStepCost(target=fwd, overhead=0.2, overhead_per_seq=0.05).seconds(2, 40)
+
+
+def test_dearer_drafting_host_work_turns_the_batch_plan_to_plain():
+    """The policy follows the cost: a request accepting ~half of its drafts drafts at batch 16 while a step
+    with drafts costs 0.55 ms + 25 us per sequence of host work on top of a forward (the old H200 figure),
+    and not once the host work is the measured 70 us per sequence (session 16's traces); at batch 1 it
+    drafts under both (a sequence's host work is small beside the step's fixed part)."""
+    fwd = LinearForward(1.0e-3, 4e-6)  # ~1 ms a forward, ~4 us per token
+    old = ModeledStepCost(target=fwd, overhead=0.55e-3, overhead_per_seq=25e-6)
+    new = ModeledStepCost(target=fwd, overhead=0.55e-3, overhead_per_seq=70e-6, loop_host_per_seq=40e-6)
+    plans = {}
+    for name, cost in (("old", old), ("new", new)):
+        pol = SpeculationPolicy(K, cost)
+        ids = [f"r{i}" for i in range(16)]
+        for rid in ids:
+            st = pol.stats[rid] = AcceptanceStats(K, 0.0)
+            st.reach, st.accept = [50.0, 35.0, 24.0, 16.0], [35.0, 24.0, 16.0, 10.0]  # p ~ 0.7, 0.69, 0.67, 0.63
+        plans[name] = (pol.best_k(ids, 16), pol.best_k(ids[:1], 1))
+    assert plans["old"][0] > 0 and plans["new"][0] == 0
+    assert plans["old"][1] > 0 and plans["new"][1] > 0
+
+
 def test_no_probes_where_no_draft_could_pay():
     """A cost under which even always-accepted drafts lose (each draft costs more than a plain step):
     the plan stays at 0 and never probes; where they could pay, it probes."""

@@ -7,9 +7,11 @@ A step of `batch` decoding requests that each verify k drafts costs
   + drafter(k, batch)              drafting k tokens for each of the batch's requests
 
 Host work is priced as the overlapped loop (the default) pays it: a step without drafts is launched
-before the host finishes the previous one, so its host work hides behind the device's; a step with
-drafts makes the host wait for its accepted counts (and a host drafter for its tokens) before it can
-schedule the next, so its host work adds to the step. The synchronous loop uses the same prices, so
+before the host finishes the previous one, so its host work hides behind the device's, up to the point
+where the host is the slower of the two (a plain step costs max(target, loop_host_per_seq * batch): at
+batch 64 on the H200 the host's ~40 us per sequence is more than the forward); a step with drafts makes
+the host wait for its accepted counts (and a host drafter for its tokens) before it can schedule the
+next, so its host work adds to the step. The synchronous loop uses the same prices, so
 that both loops make the same decisions (ARCHITECTURE.md, "Adaptive speculation").
 
 `StepCost` is all the policy needs (seconds per step for a given k and batch); `ModeledStepCost` builds it
@@ -161,7 +163,8 @@ class ModeledStepCost:
     """StepCost from a target forward model, a drafter model and the engine's host work.
 
     Host work of a step with drafts: overhead + overhead_per_seq * batch (+ host_per_request per request for
-    HOST drafting); a step without drafts: none (module docstring). Device work: the target's forward, plus for drafter_kind AUTOREGRESSIVE (draft_model,
+    HOST drafting), added to the device's; a step without drafts costs the larger of its forward and
+    loop_host_per_seq * batch, the host work of any step (module docstring). Device work: the target's forward, plus for drafter_kind AUTOREGRESSIVE (draft_model,
     self) one catch-up forward over `catch_up` tokens per drafting request (the draft model's uniform
     shape, k_max + 1) and k - 1 one-token forwards, or for BLOCK (dflash) one forward over `catch_up`
     tokens per request (the block). At k = 0 nothing drafts: the step is a plain decode step."""
@@ -175,6 +178,7 @@ class ModeledStepCost:
     overhead_per_seq: float = 0.0
     drafter_host: float = 0.0  # host work of one drafter forward (inputs, launch) the device waits for
     drafter_host_per_seq: float = 0.0  # ... and per drafting request
+    loop_host_per_seq: float = 0.0  # host work per request of any step: a plain step's floor
 
     def __post_init__(self) -> None:
         if self.drafter_kind not in DRAFTER_KINDS:
@@ -205,4 +209,6 @@ class ModeledStepCost:
         return t
 
     def seconds(self, k: int, batch: int) -> float:
+        if k <= 0:  # the host's work overlaps the device's: the slower of the two sets the pace
+            return max(self.target(batch, batch), self.loop_host_per_seq * batch)
         return self.host(k, batch) + self.target(batch * (1 + k), batch) + self.drafter(k, batch)

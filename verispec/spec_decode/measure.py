@@ -19,7 +19,9 @@ alike (the CPU parity gates compare separately built engines); it does not know 
 only the shape of the cost, which is what the policy's comparisons need.
 
 Host work of a step with drafts (both): an assumed constant plus a constant per sequence, and per drafter
-forward the same (DeviceRates; the CUDA figures are from the H200's step traces).
+forward the same; of a plain step: a constant per sequence, which is the step's cost where it exceeds the
+forward's (DeviceRates; the CUDA figures are from the H200's step traces; CPU: none, the CPU gates'
+decisions stay as they were).
 """
 
 from __future__ import annotations
@@ -58,14 +60,18 @@ class DeviceRates:
     ngram_per_request: float  # one prompt-lookup on the host
     draft_forward_host: float  # host work of one drafter forward (inputs, launch)
     draft_forward_host_per_seq: float  # ... and per drafting sequence
+    loop_per_seq: float = 0.0  # the host work per sequence of any step (bounds a plain step from below)
 
 
 # CPU host figures: scripts/host_overhead.py's tiny model (an ngram step's host work over a decode step's).
 CPU_RATES = DeviceRates(20e9, 1e11, 150e-6, 0.1e-3, 20e-6, 20e-6, 50e-6, 5e-6)
-# Host figures: the H200's step traces (docs/BENCHMARKS.md, session 9): the gap a step with drafts
-# leaves on the GPU is ~0.55 ms + 25 us per sequence (ngram, batch 1 / 16 / 64: 0.62 / 1.06 / 2.16 ms),
-# and a draft model's step adds ~65 us + 13 us per sequence per draft forward.
-CUDA_RATES = DeviceRates(3e12, 4e14, 150e-6, 0.55e-3, 25e-6, 5e-6, 65e-6, 13e-6)
+# Host figures: the H200's step traces. A step with drafts leaves the GPU idle for ~0.55 ms + 70 us per
+# sequence (session 9's traces gave 25 us per sequence; session 16's HumanEval-chat ngram steps cost 3.9 /
+# 8.7 ms at batch 16 / 64 against 3.07 / 5.76 modeled with 25, i.e. ~45 us more per sequence); a draft
+# model's step adds ~65 us + 13 us per sequence per draft forward; a plain step at batch 64 takes 2.6 ms
+# against a 1.72 ms forward: the overlapped loop's host work is ~40 us per sequence (docs/BENCHMARKS.md,
+# session 16).
+CUDA_RATES = DeviceRates(3e12, 4e14, 150e-6, 0.55e-3, 70e-6, 5e-6, 65e-6, 13e-6, loop_per_seq=40e-6)
 
 
 def analytic_forward(model: torch.nn.Module, rates: DeviceRates, num_layers: int) -> LinearForward:
@@ -137,6 +143,7 @@ def build_step_cost(model: torch.nn.Module, proposer, runner, device: torch.devi
         measure = cuda and graphs is not None
     target: ForwardCost = measure_graphs(graphs) if measure else analytic_forward(model, rates, layers)
     common = dict(target=target, overhead=rates.host_per_step, overhead_per_seq=rates.host_per_seq,
+                  loop_host_per_seq=rates.loop_per_seq,
                   drafter_host=rates.draft_forward_host, drafter_host_per_seq=rates.draft_forward_host_per_seq)
     if isinstance(proposer, DraftModelProposer):
         draft = proposer.model
