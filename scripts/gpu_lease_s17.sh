@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Session 17's lease as one background job (results under /tmp/burst, progress in /tmp/burst/progress), for the
+# policy's new step cost (a plain step max(forward, 40 us per sequence), a drafting step's host 70 us per sequence):
+#   1. once both models are staged: `bench spec` (none, ngram, draft_model at 1, 4, 16, 64; 3 interleaved repeats,
+#      traced) on the held-out requests, then on HumanEval-chat; an interleaved sweep that fails is rerun with
+#      --no-interleave (one engine at a time);
+#   2. the batch-1 verify / decode GPU-time ratio for k = 3, 7, 15 (scripts/step_ablation.py);
+#   3. `bench spec --quantization gguf` on the held-out requests at 1 and 16 (speculation on the GGUF path).
+#   setsid nohup scripts/gpu_lease_s17.sh > /tmp/burst/driver.log 2>&1 < /dev/null &
+set -uo pipefail
+R=/tmp/burst
+mkdir -p $R
+export PYTHONPATH=/tmp/site:$PWD VERISPEC_CACHE_DIR=${VERISPEC_CACHE_DIR:-/tmp/vcache} VERISPEC_STAGE_CACHE=/tmp/models
+M=qwen2.5-coder-1.5b-instruct
+D=qwen2.5-coder-0.5b-instruct
+V="python3 -m verispec.entrypoints.cli"
+mark() { echo "$(date +%T) $*" >> "$R/progress"; }
+staged() { until [ -f "/tmp/models/$1.gguf.ok" ]; do sleep 2; done; }
+mark start
+staged $M
+staged $D
+mark staged
+spec() {  # spec NAME PROMPTS BATCHES REPEATS [FLAGS...]
+  local name=$1 prompts=$2 batches=$3 repeats=$4
+  shift 4
+  timeout 480 $V bench spec --model $M --draft-model $D --methods none,ngram,draft_model --batch-sizes "$batches" \
+    --prompts "$prompts" --num-prompts 32 --output-len 256 --repeats "$repeats" --chat --json "$R/spec_$name.json" \
+    --trace-steps "$R/trace_$name" "$@" > "$R/spec_$name.log" 2>&1
+  local rc=$?
+  mark "spec $name rc=$rc"
+  return $rc
+}
+spec heldout prompts/heldout_requests.jsonl 1,4,16,64 3 || spec heldout_seq prompts/heldout_requests.jsonl 1,4,16,64 3 --no-interleave
+spec humaneval humaneval.jsonl 1,4,16,64 3 || spec humaneval_seq humaneval.jsonl 1,4,16,64 3 --no-interleave
+timeout 200 python3 scripts/step_ablation.py --model $M --batch-sizes 1 --context 1024 --query-len 1,4,8,16 \
+  --variants base --rounds 3 --reps 30 > "$R/verify_ratio.log" 2>&1
+mark "verify ratio rc=$?"
+spec gguf prompts/heldout_requests.jsonl 1,16 3 --quantization gguf \
+  || spec gguf_ngram prompts/heldout_requests.jsonl 1,16 3 --quantization gguf --methods none,ngram
+mark end
