@@ -324,7 +324,8 @@ class LLMEngine:
             if s.request.status is Status.FINISHED:
                 continue  # step N-1's values (drained first) finished it: this step's rows are discarded
             if row:
-                if observe is not None:
+                # (a row that verified nothing and had nothing planned tells the policy nothing: skipped)
+                if observe is not None and (s.num_draft_tokens or s.request.planned_drafts):
                     observe(s.request.request_id, _verified(s), n, len(s.request.output_token_ids))
                 commit(s, [PLACEHOLDER] * n)
             else:
@@ -348,7 +349,7 @@ class LLMEngine:
                 new = resolve(s, sampled)
             else:
                 n_before = len(req.output_token_ids)
-                if observe is not None and sampled is not None:
+                if observe is not None and sampled is not None and (s.num_draft_tokens or req.planned_drafts):
                     observe(rid, _verified(s), len(sampled), n_before)
                 self.scheduler.commit(s, sampled)
                 new = req.output_token_ids[n_before:]

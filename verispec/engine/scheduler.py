@@ -76,12 +76,14 @@ class Scheduler:
                 i += 1  # waiting for its last values; nothing more to compute
                 num_pending += 1
                 continue
-            # Without a proposer no request resumes short (_resumes_short), so _target is
-            # num_tokens and _blocks_for the chunk's end: skip those calls (every request, every step).
-            short = drafting and self._resumes_short(req)
+            # _resumes_short, _target and _blocks_for inlined (every request, every step): without a
+            # proposer no request resumes short; a request that does not computes all its tokens, and
+            # its blocks cover the chunk's end.
             computed = req.num_computed_tokens
-            # (req.num_tokens inlined)
-            num_new = (self._target(req, short) if drafting else len(req.prompt_token_ids) + len(req.output_token_ids)) - computed
+            outs = req.output_token_ids
+            n_tok = len(req.prompt_token_ids) + len(outs)  # (req.num_tokens)
+            short = drafting and bool(outs) and computed < n_tok - 1
+            num_new = n_tok - 1 - computed if short else n_tok - computed
             k = len(req.spec_token_ids)
             if k:
                 k = max(0, min(k, self.max_num_batched_tokens - num_new, self.max_model_len - req.num_tokens))
@@ -93,7 +95,7 @@ class Scheduler:
             num_new += k
             if num_new > budget:
                 num_new = budget
-            need = self._blocks_for(req, num_new, short) if drafting else computed + num_new
+            need = self._blocks_for(req, num_new, True) if short else computed + num_new
             if need > len(req.block_ids) * bs and not self._allocate_or_preempt(req, need, out):
                 continue  # req itself was preempted; the list shrank
             out.scheduled.append(ScheduledRequest(req, computed, num_new, k))  # (not cached: _preempt replaces it)
