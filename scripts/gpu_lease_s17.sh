@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Session 17's lease as one background job (results under /tmp/burst, progress in /tmp/burst/progress), for the
 # policy's new step cost (a plain step max(forward, 40 us per sequence), a drafting step's host 70 us per sequence):
+#   0. scripts/host_profile.py at batch 64: the host work per decode step of none, ngram and draft_model at k = 0;
 #   1. once both models are staged: `bench spec` (none, ngram, draft_model at 1, 4, 16, 64; 3 interleaved repeats,
 #      traced) on the held-out requests, then on HumanEval-chat; an interleaved sweep that fails is rerun with
 #      --no-interleave (one engine at a time);
@@ -20,6 +21,9 @@ mark start
 staged $M
 staged $D
 mark staged
+timeout 240 python3 scripts/host_profile.py --model $M --draft-model $D --device cuda --batch 64 --steps 150 \
+  > "$R/host_profile_b64.log" 2>&1
+mark "host profile rc=$?"
 spec() {  # spec NAME PROMPTS BATCHES REPEATS [FLAGS...]
   local name=$1 prompts=$2 batches=$3 repeats=$4
   shift 4
