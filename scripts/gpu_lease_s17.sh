@@ -16,7 +16,13 @@ M=qwen2.5-coder-1.5b-instruct
 D=qwen2.5-coder-0.5b-instruct
 V="python3 -m verispec.entrypoints.cli"
 mark() { echo "$(date +%T) $*" >> "$R/progress"; }
-staged() { until [ -f "/tmp/models/$1.gguf.ok" ]; do sleep 2; done; }
+staged() {  # wait up to 5 minutes for a model's .ok (staging calls: scripts/stage_small.sh), else stop
+  local t=0
+  until [ -f "/tmp/models/$1.gguf.ok" ]; do
+    sleep 2; t=$((t + 2))
+    if [ $t -ge 300 ]; then mark "not staged: $1"; mark end; exit 1; fi
+  done
+}
 mark start
 staged $M
 staged $D
