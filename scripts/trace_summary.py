@@ -1,6 +1,6 @@
 """Sum a bench spec trace directory (--trace-steps DIR: METHOD_bB.jsonl, or .jsonl.gz) by step kind: admission
 (prefill) steps, decode steps without drafts, decode steps that committed drafts; each as (count, total ms,
-median ms, new tokens per step). usage: python3 scripts/trace_summary.py DIR"""
+median ms, new tokens per step), and (newer traces) the same by how the launched steps ran. usage: python3 scripts/trace_summary.py DIR"""
 
 import gzip
 import json
@@ -23,3 +23,6 @@ for f in sorted(Path(sys.argv[1]).glob("*.jsonl*")):
     total = sum(r["ms"] for r in rows)
     print(f"{f.name:28} steps {len(rows):5} total {total:8.1f} ms | prefill {part(pre)} | decode {part(plain)} "
           f"| drafting {part(drafting)}")
+    if any("launch" in r for r in rows):  # traces from session 17 on: how each step ran
+        kinds = sorted({r["launch"] for r in rows})
+        print("    by launch: " + "; ".join(f"{k or '-'} {part([r for r in rows if r['launch'] == k])}" for k in kinds))

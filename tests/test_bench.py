@@ -465,3 +465,20 @@ def test_spec_trace_steps(tmp_path):
     assert sums == {"none": [12, 0, 0], "self": [12, 6, 6]}
     assert 3 in {st["k"] for st in lines["self"]} and {st["k"] for st in lines["none"]} == {0}
     assert all(st["ms"] > 0 and st["seqs"] >= 1 for v in lines.values() for st in v)
+    # Launched tokens: the prompts (7 + 8), then per request 5 more decode tokens (none), or one verify of
+    # 1 + 3 tokens and a last plain token (self, its 4th draft would run past max_tokens): 25 either way. On
+    # the CPU there are no graphs: every step ran eagerly.
+    assert {m: sum(st["launched_tokens"] for st in v) for m, v in lines.items()} == {"none": 25, "self": 25}
+    assert {st["launch"] for v in lines.values() for st in v} <= {"eager", ""}
+    assert all(st["launch"] == "eager" for st in lines["none"][:1])
+
+
+def test_launch_kind_names_each_kind_once():
+    """A trace record's launch kinds from the runner's (graph, split, eager) counters: a split replay counts as
+    a graph step too, so a split step alone is "split", not "split,graph"."""
+    from verispec.bench.drive import _launch_kind
+
+    assert _launch_kind((5, 1, 2), (6, 2, 2)) == "split"
+    assert _launch_kind((5, 1, 2), (7, 2, 3)) == "split,graph,eager"
+    assert _launch_kind((5, 1, 2), (6, 1, 2)) == "graph"
+    assert _launch_kind((5, 1, 2), (5, 1, 2)) == ""

@@ -154,6 +154,8 @@ def _stream_loop(engine: LLMEngine, index: dict[str, int], t0: float, device: to
     idle = 0
     carried = 0.0  # time of steps without outputs (an admission step in the overlapped loop), added to the next
     spec, drafts0, acc0 = engine.spec, engine.spec.num_draft_tokens, engine.spec.num_accepted_tokens
+    runner = engine.runner
+    kinds0, tokens0 = _launch_counts(runner), engine.launched_tokens  # since the last recorded step
     while engine.has_unfinished_requests():
         ts = time.perf_counter()
         engine.planned_k = 0
@@ -179,10 +181,24 @@ def _stream_loop(engine: LLMEngine, index: dict[str, int], t0: float, device: to
             if o.finished:
                 e2e[i] = now - t0
         if outs:
+            kinds = _launch_counts(runner)
             steps.append(StepRecord(now - ts + carried, len(outs), ctx, new, prefill,
-                                    spec.num_draft_tokens - drafts0, spec.num_accepted_tokens - acc0, engine.planned_k))
+                                    spec.num_draft_tokens - drafts0, spec.num_accepted_tokens - acc0, engine.planned_k,
+                                    _launch_kind(kinds0, kinds), engine.launched_tokens - tokens0))
+            kinds0, tokens0 = kinds, engine.launched_tokens
             carried, drafts0, acc0 = 0.0, spec.num_draft_tokens, spec.num_accepted_tokens
     return outputs, steps, ttft, e2e
+
+
+def _launch_counts(runner) -> tuple[int, int, int]:
+    """The runner's (graph, split, eager) step counters (zeros for a runner without them)."""
+    return (getattr(runner, "graph_steps", 0), getattr(runner, "split_steps", 0), getattr(runner, "eager_steps", 0))
+
+
+def _launch_kind(before: tuple[int, int, int], after: tuple[int, int, int]) -> str:
+    """How the steps launched between two _launch_counts ran (a split replay counts as a graph step too)."""
+    graph, split, eager = (a - b for a, b in zip(after, before, strict=True))
+    return ",".join(name for name, n in (("split", split), ("graph", graph - split), ("eager", eager)) if n > 0)
 
 
 def _final_loop(engine: LLMEngine, index: dict[str, int], t0: float, device: torch.device) -> tuple:

@@ -29,6 +29,10 @@ class StepRecord:
     draft_tokens: int = 0  # drafts verified by the steps whose counts the engine committed during this step()
     accepted: int = 0  # ... of which accepted
     planned_k: int = 0  # the policy's k for the step planned during this step() (engine.planned_k)
+    # how the steps launched since the last record ran ("graph", "split": two replays, "eager"; comma-joined where
+    # several: an overlapped loop's admission step emits nothing and is carried into the next record), and their tokens
+    launch: str = ""
+    launched_tokens: int = 0
 
 
 def matmul_params(cfg: ModelConfig) -> int:

@@ -152,7 +152,8 @@ def _row(bm: BenchModel, method: str, b: int, k: int, run) -> dict:
 
 def write_trace(path: Path, steps: list) -> None:
     """One JSON line per step record of a run: ms, seqs, context and new tokens, prefill, the drafts and
-    accepted drafts the engine committed during the step() call, and the k it planned then (in the
+    accepted drafts the engine committed during the step() call, the k it planned then, and how the step it
+    launched ran (graph / split / eager) with its scheduled tokens (in the
     overlapped loop a step() commits the step before the one it launches, so a line's drafts belong to the
     plan of the line before it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -160,7 +161,8 @@ def write_trace(path: Path, steps: list) -> None:
         for st in steps:
             f.write(json.dumps({"ms": round(1e3 * st.seconds, 4), "seqs": st.num_seqs, "ctx": st.context_tokens,
                                 "new": st.new_tokens, "prefill": st.prefill, "drafts": st.draft_tokens,
-                                "accepted": st.accepted, "k": st.planned_k}) + "\n")
+                                "accepted": st.accepted, "k": st.planned_k, "launch": st.launch,
+                                "launched_tokens": st.launched_tokens}) + "\n")
 
 
 def median_row(rows: list[dict]) -> tuple[dict, int]:

@@ -108,6 +108,7 @@ class LLMEngine:
         self._stopped_latest: list[Request] = []
         self._plan_ready: list[Request] = []
         self.planned_k = 0  # the latest plan's k (host int, set by _plan_drafts; the bench's step traces read it)
+        self.launched_tokens = 0  # tokens of every step launched so far (the bench's step traces)
         if self.policy is not None and hasattr(p.proposer, "would_draft"):  # (the same requests in both loops)
             self.policy.probe_hint = lambda: p.proposer.would_draft(self._plan_ready + self._stopped_latest)
         # The overlapped loop collects its in-flight step before the next schedule (_step_async).
@@ -308,6 +309,7 @@ class LLMEngine:
         """Record the step just launched; returns the previous launched step's scheduled requests."""
         previous = self._latest_sched.scheduled if self._latest_sched is not None else []
         self._latest_sched, self._stopped_latest = sched, []
+        self.launched_tokens += sched.num_tokens
         return previous
 
     def _commit_optimistic(self, handle, counts: list[int] | None) -> None:
