@@ -205,3 +205,39 @@ def test_preemption_picks_the_most_recently_admitted_request():
     out = sched.schedule()
     assert [r.request_id for r in out.preempted] == ["a"]
     assert [s.request.request_id for s in out.scheduled] == ["b"]
+
+
+def _fit64(rows: int, longest: int) -> int | None:
+    """A stand-in for CudaGraphRunner.padded_query_len: prompt chunks pad to 16 / 32 / 64 queries, and a
+    graph exists for rows * query length <= 64."""
+    q = next((x for x in (16, 32, 64) if x >= longest), None)
+    return q if q is not None and rows * q <= 64 else None
+
+
+def test_admission_stops_where_the_prompt_chunks_would_leave_every_graph():
+    """With prefill_fit, a step takes prompt chunks only while a graph still fits them all: 20-token prompts
+    pad to 32 queries, and 64 padded tokens hold 2 of them, so 6 waiting requests are admitted 2 a step
+    (each step's decode rows beside them replay their own graph); without prefill_fit the token budget takes
+    all 6 at once. A first chunk that fits no graph still goes in alone (admission never stalls), and beside it
+    the others follow as before (that step is eager anyway)."""
+    from verispec.core.request import Request
+    from verispec.engine.kv_blocks import BlockManager
+    from verispec.engine.scheduler import Scheduler
+
+    def admitted_per_step(fit, prompt_lens):
+        sched = Scheduler(BlockManager(64, 16, False), max_num_seqs=8, max_num_batched_tokens=2048,
+                          max_model_len=256, prefill_fit=fit)
+        for i, n in enumerate(prompt_lens):
+            sched.add(Request(f"r{i}", list(range(1, n + 1)), SamplingParams(max_tokens=4)))
+        counts = []
+        while sched.waiting:
+            out = sched.schedule()
+            counts.append(sum(1 for s in out.scheduled if s.start == 0))
+            for s in out.scheduled:
+                sched.commit(s, [7] if s.needs_sample else None)
+        return counts
+
+    assert admitted_per_step(_fit64, [20] * 6) == [2, 2, 2]
+    assert admitted_per_step(None, [20] * 6) == [6]
+    assert admitted_per_step(_fit64, [100, 20, 20]) == [3]  # 100 tokens: no graph at all, so no limit
+    assert admitted_per_step(_fit64, [40, 20, 20]) == [1, 2]  # 40 pads to 64 and fills a graph; then 2 x 32

@@ -93,7 +93,7 @@ class LLMEngine:
         # decides later, in _propose), so admission never depends on the policy.
         self.scheduler = Scheduler(p.blocks, config.max_num_seqs, config.max_num_batched_tokens, p.max_model_len,
                                    drafts_for=p.proposer.max_drafts_for if p.proposer is not None else None,
-                                   faults=p.faults)
+                                   faults=p.faults, prefill_fit=getattr(p.runner.graphs, "padded_query_len", None))
         sc = config.speculative_config
         self.policy: SpeculationPolicy | None = None
         if p.proposer is not None and sc is not None and sc.adaptive and p.step_cost is not None:

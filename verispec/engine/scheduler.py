@@ -44,8 +44,14 @@ class Scheduler:
         max_model_len: int,
         drafts_for: Callable[[Request], int] | None = None,
         faults: Faults = NO_FAULTS,
+        prefill_fit: Callable[[int, int], int | None] | None = None,
     ) -> None:
+        """prefill_fit(rows, longest chunk): the query length a captured graph replays that many prompt
+        chunks at (None: none does; the runner's CudaGraphRunner.padded_query_len). With it, admission
+        stops before a prompt chunk that would push the step's prompt chunks past every graph (see
+        schedule); None (CPU, no graphs): admission fills the token budget."""
         self.faults = faults
+        self.prefill_fit = prefill_fit
         self.blocks = blocks
         self.drafts_for = drafts_for
         self.max_num_seqs = max_num_seqs
@@ -107,6 +113,13 @@ class Scheduler:
         # victims, at the head of the queue, come back in a later step): in the overlapped loop a
         # victim of this call has the in-flight step's placeholders, so the two loops admit alike.
         seats = self.max_num_seqs + num_pending
+        # The step's prompt chunks as the runner splits it (the rows from the first prompt chunk on: runner.py,
+        # batch.split_for_graphs): their count and longest chunk, for prefill_fit.
+        fit = self.prefill_fit
+        if fit is not None:
+            first = next((j for j, x in enumerate(out.scheduled) if x.num_new_tokens - x.num_draft_tokens > 1), None)
+            part = out.scheduled[first:] if first is not None else []
+            part_rows, part_longest = len(part), max((x.num_new_tokens for x in part), default=0)
         while self.waiting and budget > 0 and len(self.running) < seats and not out.preempted:
             req = self.waiting[0]
             if PLACEHOLDER in req.output_token_ids:
@@ -120,6 +133,15 @@ class Scheduler:
                 req.num_computed_tokens = len(hit) * self.blocks.block_size
                 req.num_cached_tokens = req.num_computed_tokens
             num_new = min(self._target(req) - req.num_computed_tokens, budget)
+            if fit is not None and num_new > 1:
+                # An admission step whose prompt chunks fit a graph replays it (~2-8 ms for the 1.5B on the
+                # H200) where one more chunk would make it run eagerly (~15-30 ms of launches): that chunk
+                # waits for the next step. The first chunk, and any beside chunks no graph fits anyway, go in.
+                longest = max(part_longest, num_new)
+                if part_rows and fit(part_rows, part_longest) and not fit(part_rows + 1, longest):
+                    self._release(req)
+                    break
+                part_rows, part_longest = part_rows + 1, longest
             if not self.blocks.allocate(req.block_ids, self._blocks_for(req, num_new)):
                 if not self.running:
                     # Nothing else holds blocks: admit a smaller chunk rather than stall forever.
