@@ -241,3 +241,16 @@ def test_admission_stops_where_the_prompt_chunks_would_leave_every_graph():
     assert admitted_per_step(None, [20] * 6) == [6]
     assert admitted_per_step(_fit64, [100, 20, 20]) == [3]  # 100 tokens: no graph at all, so no limit
     assert admitted_per_step(_fit64, [40, 20, 20]) == [1, 2]  # 40 pads to 64 and fills a graph; then 2 x 32
+
+
+def test_prefill_fit_only_where_admission_steps_split_into_graphs():
+    """The scheduler shapes admissions to the graphs only where there are graphs and no tensor parallelism
+    (a TP step never splits into two replays, so the shaping would only delay admissions)."""
+    from types import SimpleNamespace
+
+    from verispec.engine.engine import _prefill_fit
+
+    graphs = SimpleNamespace(padded_query_len=_fit64)
+    assert _prefill_fit(SimpleNamespace(graphs=graphs, tp=None)) is _fit64
+    assert _prefill_fit(SimpleNamespace(graphs=graphs, tp=object())) is None
+    assert _prefill_fit(SimpleNamespace(graphs=None, tp=None)) is None

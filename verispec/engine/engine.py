@@ -58,6 +58,13 @@ class _Group:
         return True
 
 
+def _prefill_fit(runner):
+    """The scheduler's prefill_fit: the target graphs' padded_query_len where admission steps replay graphs
+    (CUDA graphs, and no tensor parallelism: its steps never split into two replays, runner.py); else None."""
+    graphs = runner.graphs
+    return graphs.padded_query_len if graphs is not None and runner.tp is None else None
+
+
 def _verified(s) -> int:
     """The drafts the policy sees a decode step of `s` verify: what it planned for the request (a
     shortfall of the proposer counts as rejected positions), at least the drafts scheduled. Resets the
@@ -93,7 +100,7 @@ class LLMEngine:
         # decides later, in _propose), so admission never depends on the policy.
         self.scheduler = Scheduler(p.blocks, config.max_num_seqs, config.max_num_batched_tokens, p.max_model_len,
                                    drafts_for=p.proposer.max_drafts_for if p.proposer is not None else None,
-                                   faults=p.faults, prefill_fit=getattr(p.runner.graphs, "padded_query_len", None))
+                                   faults=p.faults, prefill_fit=_prefill_fit(p.runner))
         sc = config.speculative_config
         self.policy: SpeculationPolicy | None = None
         if p.proposer is not None and sc is not None and sc.adaptive and p.step_cost is not None:
