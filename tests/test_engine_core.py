@@ -241,6 +241,9 @@ def test_admission_stops_where_the_prompt_chunks_would_leave_every_graph():
     assert admitted_per_step(None, [20] * 6) == [6]
     assert admitted_per_step(_fit64, [100, 20, 20]) == [3]  # 100 tokens: no graph at all, so no limit
     assert admitted_per_step(_fit64, [40, 20, 20]) == [1, 2]  # 40 pads to 64 and fills a graph; then 2 x 32
+    # A 1-token prompt after a chunk is a row of the chunks' part (padded to 64 beside the 40: no graph), so it
+    # waits; in the next step it comes before any chunk, with the decode rows, and the 20 joins it.
+    assert admitted_per_step(_fit64, [40, 1, 20]) == [1, 2]
 
 
 def test_prefill_fit_only_where_admission_steps_split_into_graphs():

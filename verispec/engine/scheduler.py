@@ -133,7 +133,7 @@ class Scheduler:
                 req.num_computed_tokens = len(hit) * self.blocks.block_size
                 req.num_cached_tokens = req.num_computed_tokens
             num_new = min(self._target(req) - req.num_computed_tokens, budget)
-            if fit is not None and num_new > 1:
+            if fit is not None and (num_new > 1 or part_rows):  # (a 1-token prompt after a chunk joins its part)
                 # An admission step whose prompt chunks fit a graph replays it (~2-8 ms for the 1.5B on the
                 # H200) where one more chunk would make it run eagerly (~15-30 ms of launches): that chunk
                 # waits for the next step. The first chunk, and any beside chunks no graph fits anyway, go in.
