@@ -457,9 +457,9 @@ def test_spec_trace_steps(tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt_token_ids": [7, 8, 9, 10, 7, 8, 9]}\n{"prompt_token_ids": [1, 2, 3, 1, 2, 3, 1, 2]}\n')
     trace = tmp_path / "trace"
-    _bench(tmp_path, "spec", "--prompts", str(prompts), "--num-prompts", "2", "--batch-sizes", "2",
-           "--output-len", "6", "-k", "3", "--methods", "none,self", "--no-adaptive", "--repeats", "1",
-           "--waves", "1", "--trace-steps", str(trace))
+    res = _bench(tmp_path, "spec", "--prompts", str(prompts), "--num-prompts", "2", "--batch-sizes", "2",
+                 "--output-len", "6", "-k", "3", "--methods", "none,self", "--no-adaptive", "--repeats", "1",
+                 "--waves", "1", "--trace-steps", str(trace))
     lines = {m: [json.loads(x) for x in (trace / f"{m}_b2.jsonl").read_text().splitlines()] for m in ("none", "self")}
     sums = {m: [sum(st[f] for st in v) for f in ("new", "drafts", "accepted")] for m, v in lines.items()}
     assert sums == {"none": [12, 0, 0], "self": [12, 6, 6]}
@@ -470,6 +470,11 @@ def test_spec_trace_steps(tmp_path):
     # the CPU there are no graphs: every step ran eagerly.
     assert {m: sum(st["launched_tokens"] for st in v) for m, v in lines.items()} == {"none": 25, "self": 25}
     assert {st["launch"] for v in lines.values() for st in v} <= {"eager", ""}
+    # The rows count the target's launches: none 1 admission + 5 decode steps, self 1 admission + 1 verify + 1
+    # decode step (its drafter's forwards are the proposer's, not the runner's); all eager, nothing preempted.
+    rows = {r["method"]: r for r in res["rows"] if "method" in r}
+    assert {m: (r["graph_steps"], r["split_steps"], r["eager_steps"], r["preemptions"]) for m, r in rows.items()} \
+        == {"none": (0, 0, 6, 0), "self": (0, 0, 3, 0)}
     assert all(st["launch"] == "eager" for st in lines["none"][:1])
 
 

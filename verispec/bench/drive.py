@@ -79,6 +79,8 @@ class RunResult:
     spec: dict  # deltas of the engine's spec_decode_* counters over the run
     num_steps: int  # engine steps of the run
     context_tokens: int  # KV entries its steps read: sum over steps of the touched sequences' lengths
+    launches: tuple[int, int, int] = (0, 0, 0)  # its target steps that replayed one graph, two (split), ran eagerly
+    preemptions: int = 0  # requests preempted for KV blocks during the run
 
 
 def _spec_delta(m0: dict, m1: dict) -> dict:
@@ -121,6 +123,7 @@ def drive(engine: LLMEngine, prompt_ids: list[list[int]], params: list[SamplingP
     if engine.policy is not None:  # every run from the same policy state: it repeats the warm-up's plans
         engine.policy.reset_population()
     m0 = engine.get_metrics()
+    kinds0 = _launch_counts(engine.runner)
     sync(device)
     t0 = time.perf_counter()
     for rid, ids, sp in zip(rids, prompt_ids, params, strict=True):
@@ -136,7 +139,9 @@ def drive(engine: LLMEngine, prompt_ids: list[list[int]], params: list[SamplingP
     else:
         num_steps = m1["num_steps"] - m0["num_steps"]
         ctx = sum(context_reads(p, len(o)) for p, o in zip(prompt_lens, outputs, strict=True))
-    return RunResult(wall, steps, prompt_lens, outputs, ttft, e2e, _spec_delta(m0, m1), num_steps, ctx)
+    graph, split, eager = (b - a for a, b in zip(kinds0, _launch_counts(engine.runner), strict=True))
+    return RunResult(wall, steps, prompt_lens, outputs, ttft, e2e, _spec_delta(m0, m1), num_steps, ctx,
+                     (graph - split, split, eager), m1["num_preemptions"] - m0["num_preemptions"])
 
 
 def _check_progress(idle: int) -> None:

@@ -22,7 +22,8 @@ run's tok/s over none's run of the same round), acceptance_rate,
 mean_acceptance_length (1 + accepted / drafts), acceptance_per_pos (k fractions of drafts accepted at each
 position), num_drafts, mean_k (drafts per request-step: the policy's mean k, k itself when pinned), num_steps,
 mismatches (prompts whose tokens differ from none's), first_mismatch (earliest differing token index, or None),
-mem_frac, flop_frac, hw_frac, hw_bound.
+graph_steps / split_steps / eager_steps (the run's target steps by how they ran: one graph replay, two, eagerly),
+preemptions (requests preempted for KV blocks), mem_frac, flop_frac, hw_frac, hw_bound.
 Peer rows (batch 1): peer, tok_s, output_tokens, ratio (verispec's matching method / peer), mismatches
 (against verispec's none at batch 1), or error.
 """
@@ -134,6 +135,8 @@ def _row(bm: BenchModel, method: str, b: int, k: int, run) -> dict:
     row = {"method": method, "batch_size": b, "k": k if method != "none" else 0, "num_prompts": len(run.outputs),
            "output_tokens": n_out, "wall_s": run.wall_s, "tok_s": n_out / run.wall_s, "num_drafts": sp["num_drafts"],
            "mean_k": sp["num_draft_tokens"] / max(sp["num_request_steps"], 1), "num_steps": run.num_steps,
+           "graph_steps": run.launches[0], "split_steps": run.launches[1], "eager_steps": run.launches[2],
+           "preemptions": run.preemptions,
            **hardware_use(bm.config, bm.elem_bytes, run.steps, run.wall_s, flops, bm.step_weight_bytes)}
     secs = sorted(st.seconds for st in run.steps)
     if secs:  # the steps' host pace (async) or synchronized time: where a slow run loses its time
