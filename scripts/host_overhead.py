@@ -112,14 +112,9 @@ def measure(model, batch: int, async_scheduling: bool, spec: dict | None, steps:
     if not gc_freeze:
         gc.unfreeze()  # an earlier engine's freeze (runs of this script alternate) stays out of this one
     if spec is not None and spec.get("k0"):  # adaptive, planned at k = 0 every step: a plain decode step's work
-        from verispec.spec_decode.policy import PolicyParams, SpeculationPolicy
+        from host_profile import pin_plain  # (scripts/, beside this one)
 
-        class NeverPays:
-            def seconds(self, k: int, batch: int) -> float:
-                return 1.0 + 10.0 * k
-
-        never = 10**9
-        eng.policy = SpeculationPolicy(eng.proposer.k, NeverPays(), PolicyParams(probe_min=never, probe_max=never))
+        pin_plain(eng)
     params = SamplingParams(temperature=0.0, max_tokens=steps * 5 + 64, ignore_eos=True, output_kind=output_kind)
     for i, p in enumerate(prompts(batch, prompt_len)):
         eng.add_request(f"r{i}", None, params, p)

@@ -33,12 +33,18 @@ class NeverPays:
         return 1.0 + 10.0 * k
 
 
+def pin_plain(eng) -> None:
+    """Replace an adaptive engine's policy by one that plans k = 0 every step and never probes (also
+    scripts/host_overhead.py's k0 cases)."""
+    never = 10**9
+    eng.policy = SpeculationPolicy(eng.proposer.k, NeverPays(), PolicyParams(probe_min=never, probe_max=never))
+
+
 def build(bm, method: str, draft, args, prompts):
     eng = make_engine(bm, spec_config(method, 4, args.draft_model, None, True), args.batch, prompts,
                       [args.output_len] * len(prompts), draft)
     if eng.policy is not None:
-        never = 10**9
-        eng.policy = SpeculationPolicy(eng.proposer.k, NeverPays(), PolicyParams(probe_min=never, probe_max=never))
+        pin_plain(eng)
     for i, p in enumerate(prompts):
         eng.add_request(f"r{i}", None, greedy(args.output_len), p)
     while any(not r.output_token_ids for r in eng.scheduler.running) or eng.scheduler.waiting:

@@ -115,7 +115,7 @@ class Scheduler:
         seats = self.max_num_seqs + num_pending
         # The step's prompt chunks as the runner splits it (the rows from the first prompt chunk on: runner.py,
         # batch.split_for_graphs): their count and longest chunk, for prefill_fit.
-        fit = self.prefill_fit
+        fit = self.prefill_fit if self.waiting else None  # (no admission: nothing to shape)
         if fit is not None:
             first = next((j for j, x in enumerate(out.scheduled) if x.num_new_tokens - x.num_draft_tokens > 1), None)
             part = out.scheduled[first:] if first is not None else []
