@@ -8,7 +8,7 @@
 #   2. once the 1.5B is staged: `bench spec` (none, ngram, draft_model at 1, 4, 16, 64; 3 interleaved repeats,
 #      traced) on the held-out requests, then on HumanEval-chat at 16 and 64 only (session 16 measured 1 and 4 there,
 #      both >= 0.98x; 11 minutes of device time were lost to refused calls) (an interleaved sweep that fails is rerun with
-#      --no-interleave); then scripts/host_profile.py at batch 64 (host work per decode step at k = 0); then
+#      --no-interleave), with scripts/host_profile.py at batch 64 (host work per decode step at k = 0) between them; then
 #      `bench spec --quantization gguf` on the held-out requests at 1 and 16.
 # A model not staged within 6 minutes of the start of its wait stops the driver ("not staged" in progress).
 #   setsid nohup scripts/gpu_lease_s18.sh > /tmp/burst/driver.log 2>&1 < /dev/null &
@@ -52,10 +52,10 @@ spec() {  # spec NAME PROMPTS BATCHES REPEATS [FLAGS...]
   return $rc
 }
 spec heldout prompts/heldout_requests.jsonl 1,4,16,64 3 || spec heldout_seq prompts/heldout_requests.jsonl 1,4,16,64 3 --no-interleave
-spec humaneval humaneval.jsonl 16,64 3 || spec humaneval_seq humaneval.jsonl 16,64 3 --no-interleave
 timeout 240 python3 scripts/host_profile.py --model $M --draft-model $D --device cuda --batch 64 --steps 150 \
   > "$R/host_profile_b64.log" 2>&1
 mark "host profile rc=$?"
+spec humaneval humaneval.jsonl 16,64 3 || spec humaneval_seq humaneval.jsonl 16,64 3 --no-interleave
 spec gguf prompts/heldout_requests.jsonl 1,16 3 --quantization gguf \
   || spec gguf_ngram prompts/heldout_requests.jsonl 1,16 3 --quantization gguf --methods none,ngram
 mark end
