@@ -5,11 +5,11 @@
 #   0. at once (random weights, no model file): the graph-padding / decode GPU tests, then the batch-1 verify /
 #      decode GPU-time ratio for k = 3, 7, 15 (scripts/step_ablation.py);
 #   1. once the 0.5B is staged: the acceptance gates (gpu_gates.sh phase A, without its bench invariance jobs);
-#   2. once the 1.5B is staged: `bench spec` (none, ngram, draft_model at 1, 4, 16, 64; 3 interleaved repeats,
-#      traced) on the held-out requests, then on HumanEval-chat at 16 and 64 only (session 16 measured 1 and 4 there,
-#      both >= 0.98x; 11 minutes of device time were lost to refused calls) (an interleaved sweep that fails is rerun with
-#      --no-interleave), with scripts/host_profile.py at batch 64 (host work per decode step at k = 0) between them; then
-#      `bench spec --quantization gguf` on the held-out requests at 1 and 16.
+#   2. once the 1.5B is staged, where the cost-model change acts first (device time is short: 14 minutes left
+#      after refused calls): `bench spec` (none, ngram, draft_model; 3 interleaved repeats, traced) at 16 and 64
+#      on the held-out requests, then on HumanEval-chat; then the held-out requests at 1 and 4 (an interleaved
+#      sweep that fails is rerun with --no-interleave); then scripts/host_profile.py at batch 64 (host work per
+#      decode step at k = 0); then `bench spec --quantization gguf` on the held-out requests at 1 and 16.
 # A model not staged within 6 minutes of the start of its wait stops the driver ("not staged" in progress).
 #   setsid nohup scripts/gpu_lease_s18.sh > /tmp/burst/driver.log 2>&1 < /dev/null &
 set -uo pipefail
@@ -51,11 +51,12 @@ spec() {  # spec NAME PROMPTS BATCHES REPEATS [FLAGS...]
   mark "spec $name rc=$rc"
   return $rc
 }
-spec heldout prompts/heldout_requests.jsonl 1,4,16,64 3 || spec heldout_seq prompts/heldout_requests.jsonl 1,4,16,64 3 --no-interleave
+spec heldout prompts/heldout_requests.jsonl 16,64 3 || spec heldout_seq prompts/heldout_requests.jsonl 16,64 3 --no-interleave
+spec humaneval humaneval.jsonl 16,64 3 || spec humaneval_seq humaneval.jsonl 16,64 3 --no-interleave
+spec heldout_small prompts/heldout_requests.jsonl 1,4 3
 timeout 240 python3 scripts/host_profile.py --model $M --draft-model $D --device cuda --batch 64 --steps 150 \
   > "$R/host_profile_b64.log" 2>&1
 mark "host profile rc=$?"
-spec humaneval humaneval.jsonl 16,64 3 || spec humaneval_seq humaneval.jsonl 16,64 3 --no-interleave
 spec gguf prompts/heldout_requests.jsonl 1,16 3 --quantization gguf \
   || spec gguf_ngram prompts/heldout_requests.jsonl 1,16 3 --quantization gguf --methods none,ngram
 mark end
