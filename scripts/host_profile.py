@@ -8,12 +8,17 @@ difference in own time per step against `none` (the largest first).
 
     PYTHONPATH=$PWD python3 scripts/host_profile.py --model qwen2.5-coder-1.5b-instruct --device cuda \
         --draft-model qwen2.5-coder-0.5b-instruct --batch 64 --steps 150
+    # the host work alone, on this machine's CPU (2-layer random weights: the forward is a small part of a step)
+    PYTHONPATH=$PWD python3 scripts/host_profile.py --model qwen2.5-coder-1.5b-instruct --device cpu \
+        --draft-model qwen2.5-coder-0.5b-instruct --random-weights --batch 64 --steps 100 --model-overrides \
+        '{"hidden_size":64,"intermediate_size":128,"num_layers":2,"num_heads":4,"num_kv_heads":2,"head_dim":16}'
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import json
 import pstats
 import random
 import statistics
@@ -74,12 +79,17 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=200)
     ap.add_argument("--cases", default="none,ngram,draft_model")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--random-weights", action="store_true",
+                    help="random weights in the model's shapes (no model file); with --model-overrides, e.g. a "
+                         "tiny model on the CPU, where the host work is most of a step")
+    ap.add_argument("--model-overrides", type=json.loads, default=None, help="ModelConfig fields, as JSON")
     args = ap.parse_args()
-    bm = load_bench_model(BenchSetup(EngineConfig(model=args.model, device=args.device)))
+    bm = load_bench_model(BenchSetup(EngineConfig(model=args.model, device=args.device),
+                                     random_weights=args.random_weights, model_overrides=args.model_overrides))
     rng = random.Random(0)
     prompts = [[rng.randrange(1000, 30000) for _ in range(args.prompt_len)] for _ in range(args.batch)]
     cases = [c for c in args.cases.split(",") if c != "draft_model" or args.draft_model]
-    draft = load_draft(bm, args.draft_model) if "draft_model" in cases else None
+    draft = load_draft(bm, args.draft_model, args.model_overrides) if "draft_model" in cases else None
     profiles: dict[str, dict[str, float]] = {}
     for case in cases:
         eng = build(bm, case, draft, args, prompts)

@@ -350,6 +350,37 @@ def test_no_probes_where_no_draft_could_pay():
     assert any(pol.plan(["r"], 4) > 0 for _ in range(1000))
 
 
+def test_plan_skips_the_expectations_where_no_draft_could_pay():
+    """Where no k could pay even if every draft were accepted, plan() decides k = 0 without reading a
+    request's expectations (host time every step of a large batch); where one could, it reads them. And
+    the shortcut changes no decision: over random acceptance states and batch sizes, plan's k with the
+    probes off equals best_k's."""
+    import random
+
+    class Dear:
+        def seconds(self, k: int, batch: int) -> float:
+            return 1.0 + (1.5 * k if batch > 8 else 0.1 * k)
+
+    reads: list[str] = []
+    pol = SpeculationPolicy(K, Dear(), PolicyParams(probe_min=10**9, probe_max=10**9))
+    real = pol.expected_tokens
+    pol.expected_tokens = lambda rid: reads.append(rid) or real(rid)  # type: ignore[method-assign]
+    assert pol.plan(["a", "b"], 16) == 0 and reads == []
+    pol.plan(["a", "b"], 4)
+    assert reads == ["a", "b"]
+
+    rng = random.Random(3)
+    pol = SpeculationPolicy(K, Dear(), PolicyParams(probe_min=10**9, probe_max=10**9))
+    for trial in range(300):
+        ids = [f"t{trial}-{i}" for i in range(rng.randint(1, 12))]
+        for rid in ids:
+            st = pol.stats[rid] = AcceptanceStats(K, 0.0)
+            st.reach = [float(rng.randint(1, 40)) for _ in range(K)]
+            st.accept = [rng.random() * r for r in st.reach]
+        batch = rng.choice([1, 2, 4, 8, 9, 16, 64])
+        assert pol.plan(ids, batch) == pol.best_k(ids, batch)
+
+
 # Accepted prefixes of a DFlash-like drafter, one per verification, cycled: conditional acceptance
 # 12/20 = 0.6 at position 0, then 5/12, 3/5, 1/3 (it falls with the position).
 FALLING = [0] * 8 + [1] * 7 + [2] * 2 + [3] * 2 + [4]

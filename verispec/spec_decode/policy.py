@@ -310,10 +310,13 @@ class SpeculationPolicy:
         """The drafts of the next step for every one of these requests: best_k, or a probe when that
         has been 0 for probe_every plans (module docstring). Advances the probe clock, then drops the
         requests forgotten before it."""
-        k = self.best_k(request_ids, batch)
+        b = batch or len(request_ids)
+        # Where no k could pay even if every draft were accepted, best_k is 0 (its rates are bounded by
+        # could_pay's): skipped, a batch's expectations cost ~1 us a request of host time every step.
+        k = self.best_k(request_ids, batch) if request_ids and self.could_pay(b) else 0
         if k > 0:
             self.idle_steps, self.probe_every = 0, self.params.probe_min
-        elif request_ids and self.could_pay(b := batch or len(request_ids)):
+        elif request_ids and self.could_pay(b):
             self.idle_steps += 1
             hint = self.probe_hint() if self.probe_hint is not None and self.idle_steps >= self.probe_every else None
             if hint is not None and not self.could_pay(b, hint):
