@@ -4,7 +4,8 @@
 # the chunks arrive (the 0.5B is staged first, then the 1.5B: scripts/stage_small.sh's 48 MiB chunks):
 #   0. at once (random weights, no model file): the graph-padding / decode GPU tests, then the batch-1 verify /
 #      decode GPU-time ratio for k = 3, 7, 15 (scripts/step_ablation.py);
-#   1. once the 0.5B is staged: the acceptance gates (gpu_gates.sh phase A, without its bench invariance jobs);
+#   1. once the 0.5B is staged: the acceptance gates (gpu_gates.sh phase A, without its bench invariance jobs),
+#      stopped when the 1.5B is staged;
 #   2. once the 1.5B is staged, where the cost-model change acts first (device time is short: 14 minutes left
 #      after refused calls): `bench spec` (none, ngram, draft_model; 3 interleaved repeats, traced) at 16 and 64
 #      on the held-out requests, then on HumanEval-chat; then the held-out requests at 1 and 4 (an interleaved
@@ -38,9 +39,16 @@ timeout 200 python3 scripts/step_ablation.py --model $M --batch-sizes 1 --contex
   --variants base --rounds 3 --reps 30 > "$R/verify_ratio.log" 2>&1
 mark "verify ratio rc=$?"
 staged $D
-GATES_PHASE=A BUDGET_S=200 INV_BENCH=0 OUT=$R/gates timeout 240 scripts/gpu_gates.sh > "$R/gates.log" 2>&1
-mark "gates rc=$?"
+# The gates use the staging's time only: stopped once the 1.5B is staged (the live logs keep each cell's outcome).
+(GATES_PHASE=A BUDGET_S=200 INV_BENCH=0 OUT=$R/gates timeout 240 scripts/gpu_gates.sh > "$R/gates.log" 2>&1
+ mark "gates rc=$?") &
+gates=$!
 staged $M
+if kill -0 $gates 2>/dev/null; then
+  mark "gates stopped (1.5B staged)"; pkill -TERM -f gpu_gates.sh; pkill -TERM -f "pytest.*gpu"; sleep 3
+  pkill -KILL -f "pytest.*gpu"
+fi
+wait $gates 2>/dev/null
 spec() {  # spec NAME PROMPTS BATCHES REPEATS [FLAGS...]
   local name=$1 prompts=$2 batches=$3 repeats=$4
   shift 4
