@@ -22,6 +22,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from verispec.core.options import KernelOptions
 from verispec.kernels import gguf_matmul as gm
 
 HBM = 4.8e12  # the H200's nominal HBM bandwidth (bench/hardware.py's 4.3e12 is the measured copy rate)
@@ -49,9 +50,14 @@ def timer(device: str, iters: int):
     return wall
 
 
-def gemv_configs(m: int) -> list[dict]:
+def gemv_configs(m: int, int8: bool = False) -> list[dict]:
     """BLOCK_N x BLOCK_K tiles with 4..64 weight elements per thread; at one row also the single-row
-    variant (BLOCK_M 1) of the same tiles."""
+    variant (BLOCK_M 1) of the same tiles. int8: the integer-dot GEMV's tiles (BLOCK_N 4..64 rows, 1 or 2
+    super-blocks a step, 4 or 8 warps)."""
+    if int8:
+        bm = 1 if m == 1 else gm.GEMV_MAX_ROWS
+        return [dict(I8=1, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=w)
+                for bn, bk, w in itertools.product([8, 16, 32, 4, 64], [512, 256], [4, 8])]
     out = []
     for bm, bn, bk, w in itertools.product([1, gm.GEMV_MAX_ROWS] if m == 1 else [gm.GEMV_MAX_ROWS],
                                            [1, 2, 4, 8, 16], [256, 512, 1024, 2048], [4, 8]):
@@ -163,7 +169,7 @@ def run_shape(args, layer: tuple[str, int, int], deadline: float, time_it, resul
                    time_it=time_it, results=results)
         defaults = {}
         for m in rows:  # pass 1: gguf_linear's pick with its default tiles, checked against the reference
-            kname, cfg = gm.linear_plan(m, n, k, qt)
+            kname, cfg = gm.linear_plan(m, n, k, qt, args.options)
             ref = gm.gguf_linear_ref(xs[m], ws[0]).float()
             out = {"gemv": gm.gguf_gemv, "mma": gm.gguf_mma, "dense": gm.gguf_dense}[kname](xs[m], ws[0], config=cfg)
             err = (out.float() - ref).abs().max().item() / ref.abs().max().item()
@@ -176,7 +182,8 @@ def run_shape(args, layer: tuple[str, int, int], deadline: float, time_it, resul
             continue
         # pass 2: other tiles, round-robin over the cases (each case's closest alternatives first), so a cut
         # by the budget leaves a few tried per case
-        groups = [[(m, "gemv", c) for c in near(gemv_configs(m), defaults.get(m))] for m in rows
+        int8 = args.options.gguf_int8_gemv and qt in gm.KQUANT_GEMV_TYPES
+        groups = [[(m, "gemv", c) for c in near(gemv_configs(m, int8), defaults.get(m))] for m in rows
                   if m <= gm.GEMV_MAX_ROWS]
         groups += [[(m, "mma", c) for c in mma_configs(m, n, k, qt)] for m in rows if m >= 8]
         groups = [[(m, "dense", {}) for m in rows if m >= 16 and m < gm.DENSE_MIN_ROWS]] + groups  # the dense route below its threshold
@@ -228,8 +235,11 @@ def main() -> None:
     ap.add_argument("--sweep-qtypes", default="Q4_K", help="types whose tiles are swept (second pass)")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--budget-s", type=float, default=150.0, help="no new sweep config after this many seconds")
+    ap.add_argument("--int8", action="store_true",
+                    help="Q4_K / Q6_K at one row: the integer-dot GEMV (KernelOptions.gguf_int8_gemv), its tiles swept")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    args.options = KernelOptions(gguf_int8_gemv=args.int8)
     args.rows = [int(r) for r in args.rows.split(",")]
     args.qtypes = [int(gm.T[q]) for q in args.qtypes.split(",")]
     args.sweep_qtypes = [int(gm.T[q]) for q in args.sweep_qtypes.split(",") if q]

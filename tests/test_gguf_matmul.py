@@ -99,6 +99,77 @@ def test_kquant_gemv_row_is_the_same_alone_and_in_a_batch(qtype):
     assert gm.gemv_config(1, 21, k, qtype)["BLOCK_K"] % 256 == 0  # the default takes this kernel
 
 
+def x_int8(x: torch.Tensor) -> torch.Tensor:
+    """x as the integer-dot GEMV rounds it, written from its definition: each row's groups of 32 elements
+    scaled by 127 / max |x|, rounded half up, times max |x| / 127 (a group of zeros stays zero)."""
+    m, k = x.shape
+    g = x.float().reshape(m, k // 32, 32)
+    amax = g.abs().amax(-1, keepdim=True)
+    safe = torch.where(amax > 0, amax, torch.ones_like(amax))
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / safe, torch.zeros_like(amax))  # (127.0 / t: t's reciprocal times 127)
+    return (torch.floor(g * inv + 0.5) * (amax / 127.0)).reshape(m, k)
+
+
+def int8_ref(x: torch.Tensor, w: gm.GGUFWeight, bias: torch.Tensor | None = None,
+             silu_mul: bool = False) -> torch.Tensor:
+    """The float64 dot of x rounded to 8 bits (x_int8) with the dequantized weight (+ bias, SiLU-and-mul)."""
+    y = x_int8(x).double() @ w.dequantize().double().T
+    if bias is not None:
+        y = y + bias.double()
+    if silu_mul:
+        y = torch.nn.functional.silu(y[:, : w.shape[0] // 2]) * y[:, w.shape[0] // 2 :]
+    return y.to(x.dtype)
+
+
+def i8_cfg(**kw) -> dict:
+    return dict(dict(I8=1, BLOCK_M=4, BLOCK_N=4, BLOCK_K=512, num_warps=4), **kw)
+
+
+@pytest.mark.parametrize("qtype", KQUANT)
+@pytest.mark.parametrize("m,bias,silu,block_k", [(1, False, False, 512), (3, True, False, 512),
+                                                  (2, False, True, 256), (4, True, False, 256)])
+def test_int8_gemv_is_the_dot_with_x_rounded_to_8_bits(qtype, m, bias, silu, block_k):
+    """The integer-dot GEMV (Q4_K / Q6_K) equals x rounded to int8 per 32 elements (x_int8) dotted with the
+    dequantized weight, to float32 summation error, over 3 super-blocks (a tail with 2 a step), several rows
+    per program, a bias or SiLU-and-mul; against the float reference it is off by x's rounding only."""
+    n, k = 38, 768
+    w = rand_weight(qtype, n, k, seed=m + 5)
+    x = rand(m, k, seed=m + 1)
+    x[0, 32:64] = 0.0  # a group of zeros
+    b = rand(n // 2 if silu else n, seed=9) if bias else None
+    cfg = i8_cfg(BLOCK_M=1 if m == 1 else 4, BLOCK_K=block_k)
+    out = gm.gguf_gemv(x, w, b, config=cfg, silu_mul=silu)
+    close(out, int8_ref(x, w, b, silu), 1e-5)
+    err = (out - gm.gguf_linear_ref(x, w, b, silu)).abs().max() / out.abs().max()
+    assert 1e-5 < err < 3e-2  # x's 8-bit rounding, no more (and not the float kernel)
+
+
+@pytest.mark.parametrize("qtype", KQUANT)
+def test_int8_gemv_row_is_the_same_alone_and_in_a_batch(qtype):
+    k = 768
+    w = rand_weight(qtype, 21, k, seed=13)
+    x = rand(5, k, seed=14)
+    batch = gm.gguf_gemv(x, w, config=i8_cfg(BLOCK_M=8))
+    for i in (0, 3):
+        assert torch.equal(gm.gguf_gemv(x[i:i + 1], w, config=i8_cfg(BLOCK_M=8))[0], batch[i])
+    assert torch.equal(gm.gguf_gemv(x[2:3], w, config=i8_cfg(BLOCK_M=1))[0], batch[2])
+
+
+def test_int8_gemv_is_an_option_of_one_row_k_quants():
+    """KernelOptions.gguf_int8_gemv routes one row of Q4_K / Q6_K to the integer-dot GEMV; off by default, and
+    other types and more rows keep their kernels."""
+    from verispec.core.options import KernelOptions
+
+    on = KernelOptions(gguf_int8_gemv=True)
+    assert gm.linear_plan(1, 2048, 1536, int(T.Q4_K))[1].get("I8", 0) == 0
+    for qt in (T.Q4_K, T.Q6_K):
+        kernel, cfg = gm.linear_plan(1, 151936, 1536, int(qt), on)
+        assert kernel == "gemv" and cfg["I8"] == 1 and cfg["BLOCK_K"] == 512
+        assert gm.linear_plan(1, 1536, 8960, int(qt), on)[1]["BLOCK_K"] == 256  # 35 super-blocks: one a step
+        assert gm.linear_plan(2, 2048, 1536, int(qt), on)[0] == "mma"
+    assert "I8" not in gm.linear_plan(1, 896, 896, int(T.Q5_0), on)[1]
+
+
 @pytest.mark.parametrize("qtype", TYPES)
 @pytest.mark.parametrize("m,split", [(17, 1), (45, 2), (3, 3)])
 def test_mma(qtype, m, split):
@@ -387,6 +458,34 @@ def test_gpu_kquant_gemv_row_is_the_same_alone_and_in_a_batch(qtype, n, k):
     batch = gm.gguf_gemv(x, w)
     for i in (0, 4, 8):
         assert torch.equal(gm.gguf_gemv(x[i:i + 1], w)[0], batch[i])
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("qtype", KQUANT)
+@pytest.mark.parametrize("n,k", GPU_SHAPES + [(151936, 1536)])
+def test_gpu_int8_gemv(qtype, n, k):
+    """Compiled (dp4a), the integer-dot GEMV's default tiles at the 1.5B's shapes: x rounded to int8 dotted
+    with the weight (bf16 output rounding; x_int8's float32 rounding may differ by one quant where the GPU
+    fuses x * 127 / max + 0.5), a row the same alone as in a batch, and a CUDA-graph replay."""
+    from verispec.core.options import KernelOptions
+
+    w = rand_weight(qtype, n, k, seed=n + 1, device="cuda")
+    x = rand(1, k, seed=2, device="cuda", dtype=torch.bfloat16)
+    opts = KernelOptions(gguf_int8_gemv=True)
+    out = gm.gguf_linear(x, w, options=opts)
+    close(out, int8_ref(x, w), 1e-2)
+    xs = rand(5, k, seed=3, device="cuda", dtype=torch.bfloat16)
+    cfg = gm.gemv_config(5, n, k, qtype, int8=True)
+    batch = gm.gguf_gemv(xs, w, config=cfg)
+    for i in (0, 4):
+        assert torch.equal(gm.gguf_gemv(xs[i:i + 1], w, config=cfg)[0], batch[i])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = gm.gguf_linear(x, w, options=opts)
+    x.copy_(rand(1, k, seed=4, device="cuda", dtype=torch.bfloat16))
+    graph.replay()
+    close(y, int8_ref(x, w), 1e-2)
 
 
 @pytest.mark.gpu

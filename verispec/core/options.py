@@ -52,6 +52,12 @@ class KernelOptions:
     # fused layer path (norms in the qkv / gate_up prologues, rotary + K/V write in the qkv kernel).
     # 0: off, the paths above (default until the H200 measures it: scripts/gpu_verify.sh).
     small_m_max_rows: int = 0
+    # GGUF weights (kernels/gguf_matmul.py), one row of Q4_K / Q6_K: the integer-dot GEMV (x quantized to int8
+    # per 32 elements in the kernel, dp4a on the weights' quants, as llama.cpp) instead of the float one, which
+    # is bound by unpacking each weight element (session 14: 22-26% of HBM bandwidth). Off until the H200
+    # measures it (scripts/gguf_bench.py --int8); it rounds x to 8 bits, so it is also not the float path's
+    # arithmetic (tests/test_gguf_matmul.py bounds the difference).
+    gguf_int8_gemv: bool = False
 
     # CUDA graphs (worker/graphs.py): stage a replay's inputs (and fill its placeholders) with one
     # kernel; False: the torch copies and fills (session 6: the kernel won at batch 1 and in host

@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from verispec.core import envs
 from verispec.core.options import DEFAULT_OPTIONS, KernelOptions
 from verispec.kernels.l2_prefetch import prefetch_supported
 from verispec.kernels.linear import _splitk_reduce_kernel, splitk_split
@@ -481,6 +482,150 @@ def _kquant_gemv_kernel(
 
 
 @triton.jit
+def _dp4a(a, b, ASM: tl.constexpr):
+    """Per element: the 4 bytes of int32 a (unsigned) dotted with the 4 bytes of b (signed), as int32: PTX
+    dp4a.u32.s32 compiled (ASM), the same sum in plain integer arithmetic in the interpreter (no inline asm)."""
+    b = tl.broadcast_to(b, a.shape)
+    if ASM:
+        return tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, tl.zeros_like(a)],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        s = tl.zeros_like(a)
+        for j in tl.static_range(4):
+            sb = (b >> (8 * j)) & 255
+            s += ((a >> (8 * j)) & 255) * (sb - ((sb & 128) << 1))
+        return s
+
+
+@triton.jit
+def _quant_x32(x_ptr, k, mask):
+    """x[k] for k [A, B, 8, 4] (A B groups of 32 elements, 4 consecutive ones per word) as int8 quants
+    round(x / dx), dx = max |x| / 127 per group, packed 4 to an int32 word [A, B, 8] (element 4 i + j in byte j
+    of word i), each word's sum of quants [A, B, 8] and dx [A, B]. A group of zeros gives zeros."""
+    x = tl.load(x_ptr + k, mask=mask, other=0.0).to(tl.float32)
+    amax = tl.max(tl.max(tl.abs(x), axis=3), axis=2)
+    inv = tl.where(amax > 0, 127.0 / tl.where(amax > 0, amax, 1.0), 0.0)
+    q = tl.floor(x * inv[:, :, None, None] + 0.5).to(tl.int32)
+    words = tl.sum((q & 255) << (8 * tl.arange(0, 4))[None, None, None, :], axis=3)
+    return words, tl.sum(q, axis=3), amax / 127.0
+
+
+@triton.jit
+def _q4k_i8_row(x_ptr, w_ptr, h_ptr, i_ptr, n, N, s0, NSB: tl.constexpr, SB: tl.constexpr, ASM: tl.constexpr):
+    """One row of x against the Q4_K rows n over super-blocks s0 .. s0 + SB - 1 -> float32 [BN]. The block's
+    128 quant bytes load as 32 int32 words ([BN, SB, 4, 8]: chunk c's word i holds elements 64 c + 4 i ..
+    + 3 of the block in its low nibbles and 64 c + 32 + 4 i .. in its high ones); x's 32-element sub-blocks as
+    int8 words (_quant_x32); per sub-block the integer dot (dp4a) times d sc dx, minus dmin m dx sum(xq)."""
+    s = s0 + tl.arange(0, SB)[None, :, None]  # [1, SB, 1]
+    ok = (n < N)[:, None, None] & (s < NSB)  # [BN, SB, 1]
+    blk = n.to(tl.int64)[:, None, None] * (NSB * 144) + s * 144  # byte offsets [BN, SB, 1]
+    c = tl.arange(0, 4)[None, None, :]
+    word = (blk // 4 + 4 + c * 8)[:, :, :, None] + tl.arange(0, 8)[None, None, None, :]
+    wq = tl.load(i_ptr + word, mask=ok[:, :, :, None], other=0)  # [BN, SB, 4, 8]
+    a0, a1, b0, b1 = _q4k_scales(w_ptr, h_ptr, blk, ok)  # [BN, SB, 4]: sub-blocks 2 c and 2 c + 1
+    xs = s0 + tl.arange(0, SB)[:, None, None, None]  # [SB, 1, 1, 1]
+    k = (xs * 256 + tl.arange(0, 4)[None, :, None, None] * 64 + tl.arange(0, 8)[None, None, :, None] * 4
+         + tl.arange(0, 4)[None, None, None, :])  # [SB, 4, 8, 4]
+    xe, se, de = _quant_x32(x_ptr, k, xs < NSB)
+    xo, so, do = _quant_x32(x_ptr, k + 32, xs < NSB)
+    pe = tl.sum(_dp4a(wq & 0x0F0F0F0F, xe[None], ASM), axis=3).to(tl.float32)  # [BN, SB, 4]
+    po = tl.sum(_dp4a((wq >> 4) & 0x0F0F0F0F, xo[None], ASM), axis=3).to(tl.float32)
+    se = tl.sum(se, axis=2).to(tl.float32)[None]
+    so = tl.sum(so, axis=2).to(tl.float32)[None]
+    part = de[None] * (a0 * pe - b0 * se) + do[None] * (a1 * po - b1 * so)
+    return tl.sum(tl.sum(part, axis=2), axis=1)
+
+
+@triton.jit
+def _i16_words(i16_ptr, off, mask):
+    """int32 words from pairs of int16 at element offsets off, off + 1 (Q6_K's 210-byte blocks are only
+    2-byte aligned)."""
+    lo = tl.load(i16_ptr + off, mask=mask, other=0).to(tl.int32) & 0xFFFF
+    hi = tl.load(i16_ptr + off + 1, mask=mask, other=0).to(tl.int32)
+    return lo | (hi << 16)
+
+
+@triton.jit
+def _q6k_i8_row(x_ptr, w_ptr, h_ptr, i_ptr, n, N, s0, NSB: tl.constexpr, SB: tl.constexpr, ASM: tl.constexpr):
+    """_q4k_i8_row for Q6_K: per half-block h (128 elements) and quarter r (32), the 6-bit quants 0..63 of
+    elements 128 h + 32 r + 4 i .. + 3 as int32 words [BN, SB, 2, 8] (ql's nibbles r // 2 of bytes 32 (r % 2)
+    + 4 i .., qh's bit pairs r), dotted with x's int8 words; the offset 32 through the quants' sums; the
+    int8 scale of each 16 elements times d dx. i_ptr: the blocks as int16."""
+    s = s0 + tl.arange(0, SB)[None, :, None, None]  # [1, SB, 1, 1]
+    hb = tl.arange(0, 2)[None, None, :, None]  # [1, 1, 2, 1]
+    ok = (n < N)[:, None, None, None] & (s < NSB)  # [BN, SB, 1, 1]
+    blk = n.to(tl.int64)[:, None, None, None] * (NSB * 210) + s * 210  # byte offsets [BN, SB, 1, 1]
+    i = tl.arange(0, 8)[None, None, None, :]
+    ql0 = _i16_words(i_ptr, (blk + hb * 64 + 4 * i) // 2, ok)  # [BN, SB, 2, 8]: ql bytes 64 h + 4 i ..
+    ql1 = _i16_words(i_ptr, (blk + hb * 64 + 32 + 4 * i) // 2, ok)
+    qh = _i16_words(i_ptr, (blk + 128 + hb * 32 + 4 * i) // 2, ok)
+    d = tl.load(h_ptr + (blk + 208) // 2, mask=ok, other=0.0).to(tl.float32)  # [BN, SB, 1, 1]
+    xs = s0 + tl.arange(0, SB)[:, None, None, None]  # [SB, 1, 1, 1]
+    kb = xs * 256 + tl.arange(0, 2)[None, :, None, None] * 128 + tl.arange(0, 8)[None, None, :, None] * 4 \
+        + tl.arange(0, 4)[None, None, None, :]  # [SB, 2, 8, 4]
+    j = tl.arange(0, 2)[None, None, None, :]  # the 16-element scale group within a quarter
+    sc_at = (blk + 192 + hb * 8)  # [BN, SB, 2, 1]
+    acc = tl.zeros([ql0.shape[0]], tl.float32)
+    for r in tl.static_range(4):
+        src = ql0 if r % 2 == 0 else ql1
+        q = ((src >> (4 * (r // 2))) & 0x0F0F0F0F) | (((qh >> (2 * r)) & 0x03030303) << 4)
+        xw, xsum, dx = _quant_x32(x_ptr, kb + 32 * r, xs < NSB)  # [SB, 2, 8], [SB, 2, 8], [SB, 2]
+        dp = tl.sum(tl.reshape(_dp4a(q, xw[None], ASM), (q.shape[0], SB, 2, 2, 4)), axis=4)  # [BN, SB, 2, 2]
+        qs = tl.sum(tl.reshape(xsum, (SB, 2, 2, 4)), axis=3)[None]  # [1, SB, 2, 2]
+        sc = _u8(w_ptr, sc_at + 2 * r + j, ok)  # [BN, SB, 2, 2]
+        sc = (sc - ((sc & 128) << 1)).to(tl.float32)
+        part = (d * sc) * (dx[None, :, :, None] * (dp - 32 * qs).to(tl.float32))
+        acc += tl.sum(tl.sum(tl.sum(part, axis=3), axis=2), axis=1)
+    return acc
+
+
+@triton.jit
+def _kq_i8_sum(x_ptr, w_ptr, h_ptr, i_ptr, n, N, M, stride_xm, QTYPE: tl.constexpr, NSB: tl.constexpr,
+               SB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr):
+    """x @ W[n]^T in float32 [BLOCK_M, BLOCK_N] over the Q4_K / Q6_K rows n (< N), SB super-blocks a step."""
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    rows = tl.arange(0, BLOCK_M)[:, None]
+    for s0 in range(0, NSB, SB):
+        m = 0
+        while m < M:  # a while loop: the interpreter cannot take a tensor bound in range()
+            if QTYPE == _Q4_K:
+                part = _q4k_i8_row(x_ptr + m * stride_xm, w_ptr, h_ptr, i_ptr, n, N, s0, NSB, SB, ASM)
+            else:
+                part = _q6k_i8_row(x_ptr + m * stride_xm, w_ptr, h_ptr, i_ptr, n, N, s0, NSB, SB, ASM)
+            acc = tl.where(rows == m, acc + part[None, :], acc)
+            m += 1
+    return acc
+
+
+@triton.jit
+def _kquant_i8_kernel(
+    x_ptr, w_ptr, h_ptr, i_ptr, b_ptr, out_ptr, M, N, stride_xm, stride_om,
+    K: tl.constexpr, QTYPE: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SB: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr,
+):
+    # i_ptr: the blocks as int32 (Q4_K: 144-byte blocks) or int16 (Q6_K: 210-byte blocks); h_ptr as float16.
+    """_kquant_gemv_kernel with integer dot products (llama.cpp's scheme for few rows): each row of x is
+    quantized to int8 per 32 elements (scale max |x| / 127) as the program reads it, and each 4 weight quants
+    are dotted with 4 of x's by one dp4a, so the weights' nibbles are never converted to float (the float
+    GEMV is bound by that per-element work). Not the float kernels' arithmetic: x's rounding to 8 bits adds
+    an error of about that size relative to each sum (tests bound it); a row's result does not depend on M.
+    SILU_MUL as there."""
+    NSB: tl.constexpr = K // 256
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.arange(0, BLOCK_M)[:, None]
+    wait_prior(PDL)
+    acc = _kq_i8_sum(x_ptr, w_ptr, h_ptr, i_ptr, n, N, M, stride_xm, QTYPE, NSB, SB, BLOCK_M, BLOCK_N, ASM)
+    if SILU_MUL:
+        up = _kq_i8_sum(x_ptr, w_ptr, h_ptr, i_ptr, n + N, 2 * N, M, stride_xm, QTYPE, NSB, SB, BLOCK_M, BLOCK_N,
+                        ASM)
+        acc = acc / (1.0 + tl.exp(-acc)) * up
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
+    out = out_ptr + rows.to(tl.int64) * stride_om + n[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(rows < M) & (n < N)[None, :])
+
+
+@triton.jit
 def _mma_kernel(
     x_ptr, w_ptr, h_ptr, b_ptr, out_ptr, ws_ptr, M, N, stride_xm, stride_om,
     K: tl.constexpr, KS: tl.constexpr, QK: tl.constexpr, SIZE: tl.constexpr, G: tl.constexpr,
@@ -766,13 +911,19 @@ def _check(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None, silu_mul: 
     return x if x.stride(1) == 1 else x.contiguous()
 
 
-def gemv_config(m: int, n: int, k: int, qtype: int) -> dict:
+def gemv_config(m: int, n: int, k: int, qtype: int, int8: bool = False) -> dict:
     """Tiles for the GEMV. Q4_K / Q6_K (_kquant_gemv_kernel): BLOCK_K = 256 x the super-blocks per step (2 where
     they divide a row of up to 8, else 4), BLOCK_N 8 rows for wide layers (the LM head, gate_up), else 4;
     BLOCK_M 1 for one row (the single-row variant: fewer registers, the same arithmetic per row).
     Other types (_gemv_kernel): BLOCK_K 512 (256 for K < 1024), BLOCK_N so that even narrow layers have >= ~2
     programs per SM of the H200, BLOCK_M GEMV_MAX_ROWS whatever m (one compile for every row count). Either way a
-    row's result does not depend on how many rows came with it. (First guesses: scripts/gpu_gguf.sh sweeps.)"""
+    row's result does not depend on how many rows came with it. (First guesses: scripts/gpu_gguf.sh sweeps.)
+    int8 (Q4_K / Q6_K: _kquant_i8_kernel, I8=1): 2 super-blocks a step where they divide the row, else 1,
+    BLOCK_N 16 rows for wide layers, else 8 (unmeasured guesses: `scripts/gguf_bench.py --int8` sweeps)."""
+    if int8 and qtype in KQUANT_GEMV_TYPES:
+        nsb = max(1, k // 256)
+        return dict(I8=1, BLOCK_M=1 if m == 1 else GEMV_MAX_ROWS, BLOCK_N=16 if n >= 16384 else 8,
+                    BLOCK_K=512 if nsb % 2 == 0 else 256, num_warps=4)
     if qtype in KQUANT_GEMV_TYPES:
         nsb = max(1, k // 256)
         sb = 2 if nsb % 2 == 0 and nsb <= 8 else 4
@@ -838,6 +989,15 @@ def gguf_gemv(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None, 
     if x.shape[0] > cfg["BLOCK_M"]:
         raise ValueError(f"gguf_gemv: {x.shape[0]} rows exceed BLOCK_M={cfg['BLOCK_M']}")
     b, grid, pdl = bias if bias is not None else x, (triton.cdiv(n, cfg["BLOCK_N"]),), launch_kwargs(x.device, options.pdl)
+    if w.qtype in KQUANT_GEMV_TYPES and cfg.pop("I8", 0):
+        sb = cfg.pop("BLOCK_K") // 256
+        words = w.blocks.view(torch.int32 if w.qtype == T.Q4_K else torch.int16)
+        _kquant_i8_kernel[grid](
+            x, w.blocks, w.blocks.view(torch.float16), words, b, out, x.shape[0], n, x.stride(0), out.stride(0),
+            K=w.shape[1], QTYPE=w.qtype, HAS_BIAS=bias is not None, SILU_MUL=silu_mul, SB=sb,
+            ASM=not envs.triton_interpret(), **cfg, **pdl,
+        )
+        return out
     if w.qtype in KQUANT_GEMV_TYPES and cfg["BLOCK_K"] % 256 == 0:
         sb = cfg.pop("BLOCK_K") // 256
         _kquant_gemv_kernel[grid](
@@ -970,7 +1130,7 @@ def linear_plan(m: int, n: int, k: int, qtype: int, options: KernelOptions = DEF
     if options.batch_invariant:
         return "mma", mma_config(m, n, k, qtype)
     if m <= (KQUANT_GEMV_ROWS if qtype in KQUANT_GEMV_TYPES else GEMV_MAX_ROWS):
-        return "gemv", gemv_config(m, n, k, qtype)
+        return "gemv", gemv_config(m, n, k, qtype, options.gguf_int8_gemv)
     if m >= DENSE_MIN_ROWS:
         return "dense", {}
     return "mma", mma_config(m, n, k, qtype)
