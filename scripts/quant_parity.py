@@ -2,7 +2,9 @@
 teacher-forced argmax agreement and the worst relative logits error (one line each), plus weight memory.
 
 usage: PYTHONPATH=$PWD python3 scripts/quant_parity.py MODEL [--device cuda] [--dtype auto] [--tokens 64]
-       [--prompts 8]   (the reference: quantization="none" in --dtype; float32 on CPU, bf16 on CUDA)
+       [--prompts 8] [--gguf-int8-gemv]   (the reference: quantization="none" in --dtype; float32 on CPU, bf16 on
+       CUDA; --gguf-int8-gemv: the gguf engine's one-row Q4_K / Q6_K layers on the integer-dot GEMV, which its
+       greedy decode steps take; the teacher-forced logits come from prefill rows, which do not)
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--gguf-int8-gemv", action="store_true", help="KernelOptions.gguf_int8_gemv on the gguf engine")
     a = ap.parse_args()
     from verispec import LLM, SamplingParams
     from verispec.models.layers.quant import step_weight_nbytes, weight_nbytes
@@ -56,6 +59,14 @@ def main() -> None:
         llms[q] = LLM(a.model, device=a.device, dtype=a.dtype, quantization=q, max_model_len=1024,
                       async_scheduling=False, enforce_eager=True)
         m = llms[q].engine.parts.model
+        if q == "gguf" and a.gguf_int8_gemv:  # eager engines: no graph captured with the old options
+            import dataclasses
+
+            from verispec.models.kernel_path import enable_triton, kernels_on, options_of
+
+            if not kernels_on(m):
+                raise SystemExit("--gguf-int8-gemv needs the CUDA path (the GGUF kernels)")
+            enable_triton(m, options=dataclasses.replace(options_of(m), gguf_int8_gemv=True))
         print(f"{q}: loaded in {time.perf_counter() - t0:.1f}s, weights {weight_nbytes(m) / 1e6:.0f} MB, "
               f"{step_weight_nbytes(m) / 1e6:.0f} MB read per decode step", flush=True)
     ref, q = llms["none"], llms["gguf"]

@@ -395,6 +395,10 @@ def test_real_tensors_of_the_05b(qwen05_path):
         close(gm.gguf_gemv(x[:5], rows, config=gemv_cfg), gm.gguf_linear_ref(x[:5], rows), 1e-5)
         cfg = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=256, SPLIT_K=2, num_warps=4, num_stages=2)
         close(gm.gguf_mma(x, rows, config=cfg), gm.gguf_linear_ref(x, rows), 1e-5)
+        if w.qtype in gm.KQUANT_GEMV_TYPES:  # the integer-dot GEMV: x rounded to int8, then the real weight
+            i8 = gm.gguf_gemv(x[:2], rows, config=i8_cfg(BLOCK_N=32, BLOCK_K=256))
+            close(i8, int8_ref(x[:2], rows), 1e-5)
+            close(i8, gm.gguf_linear_ref(x[:2], rows), 3e-2)
     assert seen == {"Q5_0", "Q8_0", "Q6_K", "Q4_K"}
 
 
