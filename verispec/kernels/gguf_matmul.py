@@ -511,17 +511,25 @@ def _quant_x32(x_ptr, k, mask):
 
 
 @triton.jit
-def _q4k_i8_row(x_ptr, w_ptr, h_ptr, i_ptr, n, N, s0, NSB: tl.constexpr, SB: tl.constexpr, ASM: tl.constexpr):
-    """One row of x against the Q4_K rows n over super-blocks s0 .. s0 + SB - 1 -> float32 [BN]. The block's
-    128 quant bytes load as 32 int32 words ([BN, SB, 4, 8]: chunk c's word i holds elements 64 c + 4 i ..
-    + 3 of the block in its low nibbles and 64 c + 32 + 4 i .. in its high ones); x's 32-element sub-blocks as
-    int8 words (_quant_x32); per sub-block the integer dot (dp4a) times d sc dx, minus dmin m dx sum(xq)."""
+def _q4k_i8_words(i_ptr, n, N, s0, NSB: tl.constexpr, SB: tl.constexpr):
+    """The quant bytes of Q4_K super-blocks s0 .. s0 + SB - 1 of rows n as int32 words [BN, SB, 4, 8] (chunk
+    c's word i holds elements 64 c + 4 i .. + 3 of the block in its low nibbles, 64 c + 32 + 4 i .. in its high
+    ones); 0 past the row's end (so the step after the last one loads nothing)."""
+    s = s0 + tl.arange(0, SB)[None, :, None, None]
+    ok = (n < N)[:, None, None, None] & (s < NSB)
+    word = n.to(tl.int64)[:, None, None, None] * (NSB * 36) + s * 36 + 4 + tl.arange(0, 4)[None, None, :, None] * 8 \
+        + tl.arange(0, 8)[None, None, None, :]
+    return tl.load(i_ptr + word, mask=ok, other=0)
+
+
+@triton.jit
+def _q4k_i8_dot(x_ptr, w_ptr, h_ptr, n, N, s0, wq, NSB: tl.constexpr, SB: tl.constexpr, ASM: tl.constexpr):
+    """One row of x against the Q4_K rows n over super-blocks s0 .. (their words wq, _q4k_i8_words) ->
+    float32 [BN]: x's 32-element sub-blocks as int8 words (_quant_x32); per sub-block the integer dot (dp4a)
+    times d sc dx, minus dmin m dx sum(xq). The scale bytes share the lines the words came from."""
     s = s0 + tl.arange(0, SB)[None, :, None]  # [1, SB, 1]
     ok = (n < N)[:, None, None] & (s < NSB)  # [BN, SB, 1]
     blk = n.to(tl.int64)[:, None, None] * (NSB * 144) + s * 144  # byte offsets [BN, SB, 1]
-    c = tl.arange(0, 4)[None, None, :]
-    word = (blk // 4 + 4 + c * 8)[:, :, :, None] + tl.arange(0, 8)[None, None, None, :]
-    wq = tl.load(i_ptr + word, mask=ok[:, :, :, None], other=0)  # [BN, SB, 4, 8]
     a0, a1, b0, b1 = _q4k_scales(w_ptr, h_ptr, blk, ok)  # [BN, SB, 4]: sub-blocks 2 c and 2 c + 1
     xs = s0 + tl.arange(0, SB)[:, None, None, None]  # [SB, 1, 1, 1]
     k = (xs * 256 + tl.arange(0, 4)[None, :, None, None] * 64 + tl.arange(0, 8)[None, None, :, None] * 4
@@ -546,25 +554,37 @@ def _i16_words(i16_ptr, off, mask):
 
 
 @triton.jit
-def _q6k_i8_row(x_ptr, w_ptr, h_ptr, i_ptr, n, N, s0, NSB: tl.constexpr, SB: tl.constexpr, ASM: tl.constexpr):
-    """_q4k_i8_row for Q6_K: per half-block h (128 elements) and quarter r (32), the 6-bit quants 0..63 of
-    elements 128 h + 32 r + 4 i .. + 3 as int32 words [BN, SB, 2, 8] (ql's nibbles r // 2 of bytes 32 (r % 2)
-    + 4 i .., qh's bit pairs r), dotted with x's int8 words; the offset 32 through the quants' sums; the
-    int8 scale of each 16 elements times d dx. i_ptr: the blocks as int16."""
+def _q6k_i8_words(i_ptr, n, N, s0, NSB: tl.constexpr, SB: tl.constexpr):
+    """Q6_K super-blocks s0 .. s0 + SB - 1 of rows n (i_ptr: the blocks as int16) as int32 words [BN, SB, 2, 8]
+    per half-block h: ql bytes 64 h + 4 i .. (ql0), 64 h + 32 + 4 i .. (ql1) and qh bytes 32 h + 4 i ..; 0 past
+    the row's end."""
+    s = s0 + tl.arange(0, SB)[None, :, None, None]
+    hb = tl.arange(0, 2)[None, None, :, None]
+    ok = (n < N)[:, None, None, None] & (s < NSB)
+    blk = n.to(tl.int64)[:, None, None, None] * (NSB * 210) + s * 210 + hb * 64 + 4 * tl.arange(0, 8)[None, None, None, :]
+    ql0 = _i16_words(i_ptr, blk // 2, ok)
+    ql1 = _i16_words(i_ptr, (blk + 32) // 2, ok)
+    qh = _i16_words(i_ptr, (blk - hb * 32 + 128) // 2, ok)  # qh of half h: byte 128 + 32 h + 4 i
+    return ql0, ql1, qh
+
+
+@triton.jit
+def _q6k_i8_dot(x_ptr, w_ptr, h_ptr, n, N, s0, ql0, ql1, qh, NSB: tl.constexpr, SB: tl.constexpr,
+                ASM: tl.constexpr):
+    """_q4k_i8_dot for Q6_K (words from _q6k_i8_words): per half-block h (128 elements) and quarter r (32), the
+    6-bit quants 0..63 of elements 128 h + 32 r + 4 i .. + 3 as words (ql's nibbles r // 2 of ql0 / ql1 by r % 2,
+    qh's bit pairs r) dotted with x's int8 words; the offset 32 through the quants' sums; the int8 scale of each
+    16 elements times d dx."""
     s = s0 + tl.arange(0, SB)[None, :, None, None]  # [1, SB, 1, 1]
     hb = tl.arange(0, 2)[None, None, :, None]  # [1, 1, 2, 1]
     ok = (n < N)[:, None, None, None] & (s < NSB)  # [BN, SB, 1, 1]
     blk = n.to(tl.int64)[:, None, None, None] * (NSB * 210) + s * 210  # byte offsets [BN, SB, 1, 1]
-    i = tl.arange(0, 8)[None, None, None, :]
-    ql0 = _i16_words(i_ptr, (blk + hb * 64 + 4 * i) // 2, ok)  # [BN, SB, 2, 8]: ql bytes 64 h + 4 i ..
-    ql1 = _i16_words(i_ptr, (blk + hb * 64 + 32 + 4 * i) // 2, ok)
-    qh = _i16_words(i_ptr, (blk + 128 + hb * 32 + 4 * i) // 2, ok)
     d = tl.load(h_ptr + (blk + 208) // 2, mask=ok, other=0.0).to(tl.float32)  # [BN, SB, 1, 1]
     xs = s0 + tl.arange(0, SB)[:, None, None, None]  # [SB, 1, 1, 1]
     kb = xs * 256 + tl.arange(0, 2)[None, :, None, None] * 128 + tl.arange(0, 8)[None, None, :, None] * 4 \
         + tl.arange(0, 4)[None, None, None, :]  # [SB, 2, 8, 4]
     j = tl.arange(0, 2)[None, None, None, :]  # the 16-element scale group within a quarter
-    sc_at = (blk + 192 + hb * 8)  # [BN, SB, 2, 1]
+    sc_at = blk + 192 + hb * 8  # [BN, SB, 2, 1]
     acc = tl.zeros([ql0.shape[0]], tl.float32)
     for r in tl.static_range(4):
         src = ql0 if r % 2 == 0 else ql1
@@ -581,19 +601,41 @@ def _q6k_i8_row(x_ptr, w_ptr, h_ptr, i_ptr, n, N, s0, NSB: tl.constexpr, SB: tl.
 
 @triton.jit
 def _kq_i8_sum(x_ptr, w_ptr, h_ptr, i_ptr, n, N, M, stride_xm, QTYPE: tl.constexpr, NSB: tl.constexpr,
-               SB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr):
-    """x @ W[n]^T in float32 [BLOCK_M, BLOCK_N] over the Q4_K / Q6_K rows n (< N), SB super-blocks a step."""
+               SB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr,
+               PDL: tl.constexpr):
+    """x @ W[n]^T in float32 [BLOCK_M, BLOCK_N] over the Q4_K / Q6_K rows n (< N), SB super-blocks a step:
+    the next step's words requested before the current ones are dotted (the first ones before the PDL wait:
+    x comes from the kernel before), every row of x dotting each step's words."""
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     rows = tl.arange(0, BLOCK_M)[:, None]
-    for s0 in range(0, NSB, SB):
-        m = 0
-        while m < M:  # a while loop: the interpreter cannot take a tensor bound in range()
-            if QTYPE == _Q4_K:
-                part = _q4k_i8_row(x_ptr + m * stride_xm, w_ptr, h_ptr, i_ptr, n, N, s0, NSB, SB, ASM)
+    if QTYPE == _Q4_K:
+        wq = _q4k_i8_words(i_ptr, n, N, 0, NSB, SB)
+        wait_prior(PDL)
+        for s0 in range(0, NSB, SB):
+            cq = wq
+            wq = _q4k_i8_words(i_ptr, n, N, s0 + SB, NSB, SB)
+            if BLOCK_M == 1:
+                acc += _q4k_i8_dot(x_ptr, w_ptr, h_ptr, n, N, s0, cq, NSB, SB, ASM)[None, :]
             else:
-                part = _q6k_i8_row(x_ptr + m * stride_xm, w_ptr, h_ptr, i_ptr, n, N, s0, NSB, SB, ASM)
-            acc = tl.where(rows == m, acc + part[None, :], acc)
-            m += 1
+                m = 0
+                while m < M:  # a while loop: the interpreter cannot take a tensor bound in range()
+                    part = _q4k_i8_dot(x_ptr + m * stride_xm, w_ptr, h_ptr, n, N, s0, cq, NSB, SB, ASM)
+                    acc = tl.where(rows == m, acc + part[None, :], acc)
+                    m += 1
+    else:
+        l0, l1, qh = _q6k_i8_words(i_ptr, n, N, 0, NSB, SB)
+        wait_prior(PDL)
+        for s0 in range(0, NSB, SB):
+            c0, c1, ch = l0, l1, qh
+            l0, l1, qh = _q6k_i8_words(i_ptr, n, N, s0 + SB, NSB, SB)
+            if BLOCK_M == 1:
+                acc += _q6k_i8_dot(x_ptr, w_ptr, h_ptr, n, N, s0, c0, c1, ch, NSB, SB, ASM)[None, :]
+            else:
+                m = 0
+                while m < M:
+                    part = _q6k_i8_dot(x_ptr + m * stride_xm, w_ptr, h_ptr, n, N, s0, c0, c1, ch, NSB, SB, ASM)
+                    acc = tl.where(rows == m, acc + part[None, :], acc)
+                    m += 1
     return acc
 
 
@@ -613,11 +655,10 @@ def _kquant_i8_kernel(
     NSB: tl.constexpr = K // 256
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)[:, None]
-    wait_prior(PDL)
-    acc = _kq_i8_sum(x_ptr, w_ptr, h_ptr, i_ptr, n, N, M, stride_xm, QTYPE, NSB, SB, BLOCK_M, BLOCK_N, ASM)
+    acc = _kq_i8_sum(x_ptr, w_ptr, h_ptr, i_ptr, n, N, M, stride_xm, QTYPE, NSB, SB, BLOCK_M, BLOCK_N, ASM, PDL)
     if SILU_MUL:
         up = _kq_i8_sum(x_ptr, w_ptr, h_ptr, i_ptr, n + N, 2 * N, M, stride_xm, QTYPE, NSB, SB, BLOCK_M, BLOCK_N,
-                        ASM)
+                        ASM, False)
         acc = acc / (1.0 + tl.exp(-acc)) * up
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
