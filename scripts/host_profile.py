@@ -38,6 +38,22 @@ class NeverPays:
         return 1.0 + 10.0 * k
 
 
+class OnlyPays:
+    """A step cost under which exactly k drafts pay: the policy plans k every step it can."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def seconds(self, k: int, batch: int) -> float:
+        return 1.0 if k == self.k else 1e9
+
+
+def pin_k(eng, k: int) -> None:
+    """Replace an adaptive engine's policy by one that plans k drafts every step (the host work of a
+    speculative step, whatever the drafts' acceptance)."""
+    eng.policy = SpeculationPolicy(eng.proposer.k, OnlyPays(k), PolicyParams())
+
+
 def pin_plain(eng) -> None:
     """Replace an adaptive engine's policy by one that plans k = 0 every step and never probes (also
     scripts/host_overhead.py's k0 cases)."""
@@ -49,7 +65,10 @@ def build(bm, method: str, draft, args, prompts):
     eng = make_engine(bm, spec_config(method, 4, args.draft_model, None, True), args.batch, prompts,
                       [args.output_len] * len(prompts), draft)
     if eng.policy is not None:
-        pin_plain(eng)
+        if args.pin_k:
+            pin_k(eng, args.pin_k)
+        else:
+            pin_plain(eng)
     for i, p in enumerate(prompts):
         eng.add_request(f"r{i}", None, greedy(args.output_len), p)
     while any(not r.output_token_ids for r in eng.scheduler.running) or eng.scheduler.waiting:
@@ -79,6 +98,8 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=200)
     ap.add_argument("--cases", default="none,ngram,draft_model")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--pin-k", type=int, default=0,
+                    help="plan this many drafts every step instead of none (the host work of a speculative step)")
     ap.add_argument("--random-weights", action="store_true",
                     help="random weights in the model's shapes (no model file); with --model-overrides, e.g. a "
                          "tiny model on the CPU, where the host work is most of a step")

@@ -16,4 +16,4 @@ if [ ! -d /tmp/tree ]; then
 fi
 dd if=".device-carry/$m-48/$c" of="/tmp/models/$m.gguf" bs=50331648 seek=$((10#$c)) conv=notrunc status=none
 if [ -n "$sum" ]; then echo "$sum  /tmp/models/$m.gguf" | sha256sum -c && touch "/tmp/models/$m.gguf.ok"; fi
-tail -2 /tmp/burst/progress
+(cd /tmp/burst && tar czf "$OUT/res.tgz" . 2>/dev/null); tail -2 /tmp/burst/progress

@@ -30,6 +30,7 @@ last block of the cache; give the BlockManager num_blocks - 1).
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Hashable
@@ -50,15 +51,27 @@ log = logging.getLogger("verispec")
 
 def capture_graph(forward, pool, error_mode: str = "global"):
     """Warm forward() up on a side stream (Triton compiles, cuBLAS picks kernels), then capture it
-    into a CUDA graph in `pool`. Returns (graph, forward's outputs: the graph's static outputs)."""
+    into a CUDA graph in `pool`. Returns (graph, forward's outputs: the graph's static outputs).
+
+    Python's cyclic garbage collector is off during the capture: torch (2.9 on) no longer collects
+    before a capture, so a dead engine's cycles (its graphs, events, streams) could be collected in
+    the middle of one, and their destructors' CUDA calls invalidate it ("operation failed due to a
+    previous error during capture": the CUDA gate of draft_model-adaptive parity, session 20, built
+    right after other engines)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         forward()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool, capture_error_mode=error_mode):
-        out = forward()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode=error_mode):
+            out = forward()
+    finally:
+        if was_enabled:
+            gc.enable()
     return graph, out
 
 
@@ -128,6 +141,7 @@ class GraphRunner:
         """Capture every key in the given order (largest first: later ones reuse the pool); seconds."""
         from tqdm import tqdm
 
+        gc.collect()  # dead engines' graphs and buffers go before the captures, not during one
         torch.cuda.synchronize()
         start = time.perf_counter()
         for key in tqdm(keys, desc=desc, disable=not progress):
