@@ -58,6 +58,10 @@ class KernelOptions:
     # measures it (scripts/gguf_bench.py --int8); it rounds x to 8 bits, so it is also not the float path's
     # arithmetic (tests/test_gguf_matmul.py bounds the difference).
     gguf_int8_gemv: bool = False
+    # GGUF weights, one row of Q4_K with bfloat16 x: kernels/gguf_gemv.py's GEMV (a few full-rate instructions a
+    # weight, one reduction after the loop) instead of gguf_matmul's super-block GEMV (~43 instructions a
+    # weight in offline sm_90 SASS). False: the old kernel, for the A/B (`verispec bench profile --no-gguf-gemv1`).
+    gguf_gemv1: bool = True
 
     # CUDA graphs (worker/graphs.py): stage a replay's inputs (and fill its placeholders) with one
     # kernel; False: the torch copies and fills (session 6: the kernel won at batch 1 and in host

@@ -1,0 +1,191 @@
+"""The one-row GEMV for Q4_K weights as stored (decode at batch 1): y = x @ dequant(W)^T, few instructions a weight.
+
+Why a kernel of its own: at one row the bytes read set the speed, and the H100 streams a Q4_K weight at ~25
+elements per clock per SM, so the kernel has ~5 instructions per weight element to spend (128 lanes issue per
+clock). gguf_matmul's _kquant_gemv_kernel spends ~43 (offline SASS for sm_90: a reduction across threads every
+step, byte-to-float conversions at a quarter rate, unvectorized loads), so it ran at a quarter of the bandwidth.
+This one keeps the work per element to a handful of full-rate instructions:
+  * the quant bytes of BLOCK_N rows x SB super-blocks a step, as [BN, SB, 4, 32] (chunk c's byte l holds
+    element 64 c + l in its low nibble and 64 c + 32 + l in its high one), x read at the same positions in the
+    same layout (8 consecutive elements per thread: one 16-byte load of x, one 8-byte load of W);
+  * a nibble becomes a float without a conversion instruction: (q | 0x4B000000) read as float32 is 2^23 + q,
+    so one logic op and one add (exact);
+  * the weight d sc q - dmin m by one FMA per element, then one FMA into an elementwise accumulator that is
+    reduced once, after the loop (no shuffles inside it);
+  * the next step's bytes requested before the current ones are used (the first ones before the PDL wait).
+Products and sums are float32, the result rounded once to x's dtype. The dequantized weights are
+bit-identical to loader/dequant.py's (every scale x quant product is exact in float32); the sums' order differs
+from the reference's, so results agree to float32 rounding, not bit for bit.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from verispec.kernels.pdl import wait_prior
+
+Q4_K_BYTES = 144  # one super-block of 256 elements: d, dmin (f16), 12 scale bytes, 128 quant bytes
+
+
+@triton.jit
+def _q4k_tile(w32_ptr, rowoff, okn, s0, NSB: tl.constexpr, SB: tl.constexpr, EVEN: tl.constexpr):
+    """Super-blocks s0 .. s0 + SB of the rows at word offsets `rowoff` [1, 1, BN]: quant words q
+    [4, SB, BN, 4, 2] (q[c, s, n, v, i] is word 2 v + i of chunk c: its bytes 8 v + 4 i .. + 3) and the header
+    words h0 (d | dmin << 16), h1, h2, h3 (the 12 scale bytes) [1, SB, BN]. Two words a load (x's groups of 4
+    elements are 8 bytes: the same layout); Triton spreads the threads over i, c, s, n and repeats v, so
+    each thread holds a whole chunk (its scales computed once for 64 weights)."""
+    s = s0 + tl.arange(0, SB)[None, :, None]
+    blk = rowoff + s * 36
+    ok = okn & (s < NSB)
+    c = tl.arange(0, 4)[:, None, None]
+    v = tl.arange(0, 4)[None, None, None, :, None]
+    i = tl.arange(0, 2)[None, None, None, None, :]
+    at = (blk + 4 + c * 8)[:, :, :, None, None] + 2 * v + i
+    if EVEN:  # every row and super-block of the tiles exists
+        return (tl.load(w32_ptr + at), tl.load(w32_ptr + blk), tl.load(w32_ptr + blk + 1),
+                tl.load(w32_ptr + blk + 2), tl.load(w32_ptr + blk + 3))
+    # out of range: quant words left unset (any bits make a finite f), header words 0 (weight 0)
+    q = tl.load(w32_ptr + at, mask=ok[:, :, :, None, None])
+    h0 = tl.load(w32_ptr + blk, mask=ok, other=0)
+    h1 = tl.load(w32_ptr + blk + 1, mask=ok, other=0)
+    h2 = tl.load(w32_ptr + blk + 2, mask=ok, other=0)
+    h3 = tl.load(w32_ptr + blk + 3, mask=ok, other=0)
+    return q, h0, h1, h2, h3
+
+
+@triton.jit
+def _sc_min(h1, h2, h3, c, b):
+    """The 6-bit scale and min of sub-block 2 c + (b % 2) (b: its byte in each scale word, 2 (c % 2) + 0 or 1)."""
+    u1 = (h1 >> (8 * b)) & 255
+    u2 = (h2 >> (8 * b)) & 255
+    u3 = (h3 >> (8 * b)) & 255
+    first = c < 2
+    sc = tl.where(first, u1 & 63, (u3 & 15) | ((u1 >> 2) & 48))
+    mn = tl.where(first, u2 & 63, (u3 >> 4) | ((u2 >> 2) & 48))
+    return sc.to(tl.float32), mn.to(tl.float32)
+
+
+@triton.jit
+def _bf16_at(xw, i: tl.constexpr):
+    """Element i (0..3) of the 4 bfloat16 packed in int64 xw, as float32."""
+    return (((xw >> (16 * i)) & 0xFFFF) << 16).to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _f_at(q, sh: tl.constexpr, hi: tl.constexpr):
+    """1 + nibble / 2^11 (lo) or 1 + nibble / 2^7 (hi) of the byte at bit 8 sh of word q, as float32."""
+    nib = (q >> (8 * sh + 4 * hi)) & 15
+    return ((nib << (12 + 4 * hi)) | 0x3F800000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _q4k_fma(acc, q, xl, xh, a0, c0, a1, c1, ASM: tl.constexpr):
+    """acc + the dot of the 8 weights in quant word q with x (xl: the 4 bfloat16 of its low nibbles' elements,
+    xh: the high ones'), weight = f a - c per nibble (f from the nibble as _f_at; a, c per sub-block)."""
+    if ASM:
+        return tl.inline_asm_elementwise(
+            """{ .reg .b32 t0, t1, t2, t3, xa, xb, xc, xd, f, w, e;
+            mov.b64 {xa, xb}, $2; mov.b64 {xc, xd}, $3; mov.b32 $0, $8;
+            shl.b32 t0, $1, 12; shl.b32 t1, $1, 4; shr.b32 t2, $1, 4; shr.b32 t3, $1, 12;
+            lop3.b32 f, t0, 0xF000, 0x3F800000, 0xEA; fma.rn.f32 w, f, $4, $5; shl.b32 e, xa, 16;
+            fma.rn.f32 $0, w, e, $0;
+            lop3.b32 f, t1, 0xF000, 0x3F800000, 0xEA; fma.rn.f32 w, f, $4, $5; and.b32 e, xa, 0xFFFF0000;
+            fma.rn.f32 $0, w, e, $0;
+            lop3.b32 f, t2, 0xF000, 0x3F800000, 0xEA; fma.rn.f32 w, f, $4, $5; shl.b32 e, xb, 16;
+            fma.rn.f32 $0, w, e, $0;
+            lop3.b32 f, t3, 0xF000, 0x3F800000, 0xEA; fma.rn.f32 w, f, $4, $5; and.b32 e, xb, 0xFFFF0000;
+            fma.rn.f32 $0, w, e, $0;
+            lop3.b32 f, t0, 0xF0000, 0x3F800000, 0xEA; fma.rn.f32 w, f, $6, $7; shl.b32 e, xc, 16;
+            fma.rn.f32 $0, w, e, $0;
+            lop3.b32 f, t1, 0xF0000, 0x3F800000, 0xEA; fma.rn.f32 w, f, $6, $7; and.b32 e, xc, 0xFFFF0000;
+            fma.rn.f32 $0, w, e, $0;
+            lop3.b32 f, t2, 0xF0000, 0x3F800000, 0xEA; fma.rn.f32 w, f, $6, $7; shl.b32 e, xd, 16;
+            fma.rn.f32 $0, w, e, $0;
+            lop3.b32 f, t3, 0xF0000, 0x3F800000, 0xEA; fma.rn.f32 w, f, $6, $7; and.b32 e, xd, 0xFFFF0000;
+            fma.rn.f32 $0, w, e, $0; }""",
+            "=f,r,l,l,f,f,f,f,f", [q, xl, xh, a0, c0, a1, c1, acc], dtype=tl.float32, is_pure=True, pack=1)
+    for i in tl.static_range(4):
+        acc += (_f_at(q, i, 0) * a0 + c0) * _bf16_at(xl, i)
+    for i in tl.static_range(4):
+        acc += (_f_at(q, i, 1) * a1 + c1) * _bf16_at(xh, i)
+    return acc
+
+
+@triton.jit
+def _q4k_step(acc, x64_ptr, s0, q, h0, h1, h2, h3, NSB: tl.constexpr, SB: tl.constexpr, EVEN: tl.constexpr,
+              ASM: tl.constexpr):
+    """acc [4, SB, BN, 4, 2] plus x times the weights of one step (q and header words from _q4k_tile)."""
+    c = tl.arange(0, 4)[:, None, None]
+    b = 2 * (c % 2)
+    d = (h0 & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    dmin = ((h0 >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    sc0, mn0 = _sc_min(h1, h2, h3, c, b)
+    sc1, mn1 = _sc_min(h1, h2, h3, c, b + 1)
+    # d sc q - dmin m from f = 1 + q / 2^p (p = 11 lo, 7 hi): (2^p d sc) f - (2^p d sc + dmin m), one FMA; the
+    # constant's rounding is ~2^(p - 24) d sc, below 2^-12 of a quantization step
+    a0 = 2048.0 * (d * sc0)
+    a1 = 128.0 * (d * sc1)
+    c0 = -(a0 + dmin * mn0)
+    c1 = -(a1 + dmin * mn1)
+    a0, _ = tl.broadcast(a0[:, :, :, None, None], q)
+    c0, _ = tl.broadcast(c0[:, :, :, None, None], q)
+    a1, _ = tl.broadcast(a1[:, :, :, None, None], q)
+    c1, _ = tl.broadcast(c1[:, :, :, None, None], q)
+    s = s0 + tl.arange(0, SB)[None, :, None, None, None]
+    v = tl.arange(0, 4)[None, None, None, :, None]
+    i = tl.arange(0, 2)[None, None, None, None, :]
+    k = s * 64 + c[:, :, :, None, None] * 16 + 2 * v + i  # x as int64: 4 elements each
+    k, _ = tl.broadcast(k, q)  # x read in q's shape (and so its layout) for every row of W
+    if EVEN:
+        xl = tl.load(x64_ptr + k)
+        xh = tl.load(x64_ptr + k + 8)
+    else:  # x of a missing super-block: 0 (its weights are 0: the product must not be NaN)
+        xl = tl.load(x64_ptr + k, mask=s < NSB, other=0)
+        xh = tl.load(x64_ptr + k + 8, mask=s < NSB, other=0)
+    return _q4k_fma(acc, q, xl, xh, a0, c0, a1, c1, ASM)
+
+
+@triton.jit
+def _q4k_rows_sum(x64_ptr, w32_ptr, n, N, NSB: tl.constexpr, SB: tl.constexpr, BLOCK_N: tl.constexpr,
+                  EVEN: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr):
+    """x @ W[n]^T in float32 [BLOCK_N] over the Q4_K rows n (< N)."""
+    rowoff = n.to(tl.int64)[None, None, :] * (NSB * 36)
+    okn = (n < N)[None, None, :]
+    acc = tl.zeros([4, SB, BLOCK_N, 4, 2], tl.float32)
+    q, h0, h1, h2, h3 = _q4k_tile(w32_ptr, rowoff, okn, 0, NSB, SB, EVEN)
+    wait_prior(PDL)
+    for s0 in range(0, NSB, SB):
+        cq, c0, c1, c2, c3 = q, h0, h1, h2, h3
+        # EVEN: the last step re-reads its own tile instead of one past the row (no masks)
+        nxt = tl.minimum(s0 + SB, NSB - SB) if EVEN else s0 + SB
+        q, h0, h1, h2, h3 = _q4k_tile(w32_ptr, rowoff, okn, nxt, NSB, SB, EVEN)
+        acc = _q4k_step(acc, x64_ptr, s0, cq, c0, c1, c2, c3, NSB, SB, EVEN, ASM)
+    return tl.sum(tl.sum(tl.sum(tl.sum(acc, axis=4), axis=3), axis=0), axis=0)
+
+
+@triton.jit
+def q4k_gemv1_kernel(x64_ptr, w32_ptr, b_ptr, out_ptr, N, K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     SILU_MUL: tl.constexpr, BLOCK_N: tl.constexpr, SB: tl.constexpr, EVEN: tl.constexpr,
+                     ASM: tl.constexpr, PDL: tl.constexpr):
+    """out[0, n] = x[0] . W[n] (+ bias) for BLOCK_N rows n a program; SILU_MUL: W stacks [gate; up] (up row
+    n + N), out = silu(gate) * up."""
+    NSB: tl.constexpr = K // 256
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = _q4k_rows_sum(x64_ptr, w32_ptr, n, N, NSB, SB, BLOCK_N, EVEN, ASM, PDL)
+    if SILU_MUL:
+        up = _q4k_rows_sum(x64_ptr, w32_ptr, n + N, 2 * N, NSB, SB, BLOCK_N, EVEN, ASM, False)
+        acc = acc / (1.0 + tl.exp(-acc)) * up
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)
+    tl.store(out_ptr + n, acc.to(out_ptr.dtype.element_ty), mask=n < N)
+
+
+def q4k_gemv1_config(n: int, k: int) -> dict:
+    """Tiles of q4k_gemv1_kernel for an [n, k] Q4_K weight: SB super-blocks a step (4 chunk threads each,
+    so 4 SB threads a row), BLOCK_N = 128 threads / (4 SB) rows a program; SB 8 (at most one masked step)
+    unless the row has few super-blocks, whose count a smaller SB then divides. (First guesses, from the
+    instruction counts of offline sm_90 SASS: scripts/gguf_bench.py --gemv1 sweeps them on the GPU.)"""
+    nsb = k // 256
+    sb = 2 if nsb % 2 == 0 and nsb <= 8 else 8
+    return dict(BLOCK_N=128 // (4 * sb), SB=sb, num_warps=4)
