@@ -50,10 +50,16 @@ def timer(device: str, iters: int):
     return wall
 
 
-def gemv_configs(m: int, int8: bool = False) -> list[dict]:
+def gemv_configs(m: int, int8: bool = False, one_row: bool = False) -> list[dict]:
     """BLOCK_N x BLOCK_K tiles with 4..64 weight elements per thread; at one row also the single-row
     variant (BLOCK_M 1) of the same tiles. int8: the integer-dot GEMV's tiles (BLOCK_N 4..64 rows, 1 or 2
-    super-blocks a step, 4 or 8 warps)."""
+    super-blocks a step, 4 or 8 warps). one_row (one row of Q4_K: kernels/gguf_gemv.py): SB 1..8 super-blocks
+    a step with 4 SB threads a row, 1..8 warps (BLOCK_N = 32 warps / SB rows), and twice those rows."""
+    if one_row and m == 1:
+        return [dict(ONE_ROW=1, BLOCK_M=1, BLOCK_N=bn, SB=sb, num_warps=w)
+                for sb, w in itertools.product([1, 2, 4, 8], [1, 2, 4, 8]) for bn in (32 * w // (4 * sb),) * 1
+                if bn >= 1] + [dict(ONE_ROW=1, BLOCK_M=1, BLOCK_N=2 * 32 * w // (4 * sb), SB=sb, num_warps=w)
+                               for sb, w in itertools.product([2, 4, 8], [2, 4]) if 32 * w // (4 * sb) >= 1]
     if int8:
         bm = 1 if m == 1 else gm.GEMV_MAX_ROWS
         return [dict(I8=1, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=w)
@@ -183,7 +189,8 @@ def run_shape(args, layer: tuple[str, int, int], deadline: float, time_it, resul
         # pass 2: other tiles, round-robin over the cases (each case's closest alternatives first), so a cut
         # by the budget leaves a few tried per case
         int8 = args.options.gguf_int8_gemv and qt in gm.KQUANT_GEMV_TYPES
-        groups = [[(m, "gemv", c) for c in near(gemv_configs(m, int8), defaults.get(m))] for m in rows
+        one = args.options.gguf_gemv1 and not int8 and qt == gm.T.Q4_K
+        groups = [[(m, "gemv", c) for c in near(gemv_configs(m, int8, one), defaults.get(m))] for m in rows
                   if m <= gm.GEMV_MAX_ROWS]
         groups += [[(m, "mma", c) for c in mma_configs(m, n, k, qt)] for m in rows if m >= 8]
         groups = [[(m, "dense", {}) for m in rows if m >= 16 and m < gm.DENSE_MIN_ROWS]] + groups  # the dense route below its threshold
@@ -237,9 +244,11 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=150.0, help="no new sweep config after this many seconds")
     ap.add_argument("--int8", action="store_true",
                     help="Q4_K / Q6_K at one row: the integer-dot GEMV (KernelOptions.gguf_int8_gemv), its tiles swept")
+    ap.add_argument("--no-gemv1", action="store_true",
+                    help="one row of Q4_K on gguf_matmul's super-block GEMV, not kernels/gguf_gemv.py's (the A/B)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    args.options = KernelOptions(gguf_int8_gemv=args.int8)
+    args.options = KernelOptions(gguf_int8_gemv=args.int8, gguf_gemv1=not args.no_gemv1)
     args.rows = [int(r) for r in args.rows.split(",")]
     args.qtypes = [int(gm.T[q]) for q in args.qtypes.split(",")]
     args.sweep_qtypes = [int(gm.T[q]) for q in args.sweep_qtypes.split(",") if q]

@@ -232,6 +232,9 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--gguf-int8-gemv", action="store_true",
                    help="with --quantization gguf: one row of Q4_K / Q6_K on the integer-dot GEMV "
                         "(KernelOptions.gguf_int8_gemv; the A/B against the float GEMV)")
+    p.add_argument("--no-gguf-gemv1", action="store_true",
+                   help="with --quantization gguf: one row of Q4_K on gguf_matmul's super-block GEMV instead of "
+                        "kernels/gguf_gemv.py's (KernelOptions.gguf_gemv1=False; the A/B)")
     p = kind("serve", "streaming clients against a running OpenAI-compatible server")
     from verispec.bench.serve import add_arguments
 
@@ -391,7 +394,7 @@ def _kernels(args) -> int:
 
         res["rows"] = []
         options = KernelOptions(pdl=not args.no_pdl, small_m_max_rows=args.small_m_max_rows,
-                                gguf_int8_gemv=args.gguf_int8_gemv)
+                                gguf_int8_gemv=args.gguf_int8_gemv, gguf_gemv1=not args.no_gguf_gemv1)
         for b in args.batch_sizes:
             r = run_profile(bm.model, b, args.query_len, args.context, options=options)
             print(format_profile(r), flush=True)
