@@ -49,6 +49,7 @@ def test_the_default_on_cpu_is_quantized_and_the_reference_is_not(llm05, llm_q):
 def test_logits_match_the_float32_reference_at_bf16_level(llm05, llm_q):
     """Prefill logits at every position of three prompts (plus their float32 greedy continuation's worth of
     text, so positions past the prompt are covered too)."""
+    agree: list[torch.Tensor] = []
     for text in (PROMPTS[0] + "\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
                  PROMPTS[2], PROMPTS[4]):
         seq = llm05.tokenizer.encode(text)
@@ -57,7 +58,15 @@ def test_logits_match_the_float32_reference_at_bf16_level(llm05, llm_q):
         # measured: median 0.004-0.005, worst 0.057 (at the chat prompt's <|im_end|>, where the bf16
         # dequantized path is off by 0.233); bf16 dequantized elsewhere: 0.004-0.03
         assert float(rel.median()) < 0.01 and float(rel.max()) < 0.1, (text[:20], rel)
-        assert float((lq.argmax(-1) == lr.argmax(-1)).float().mean()) > 0.9
+        a, b = lr.argmax(-1), lq.argmax(-1)
+        agree.append(a == b)
+        # a different greedy choice only at a near-tie of the reference: its logit lead over the quantized
+        # path's choice within 10 standard deviations of that position's logit error (AVX2, 2026-12-06: two
+        # flips in 67 positions, leads of 2.6 and 5.7 deviations: 0.040 and 0.098 against 0.015 and 0.017)
+        for i in (a != b).nonzero().flatten().tolist():
+            lead = float(lr[i, a[i]] - lr[i, b[i]])
+            assert lead < 10 * float((lq[i] - lr[i]).std()), (text[:20], i, lead)
+    assert float(torch.cat(agree).float().mean()) > 0.95
 
 
 @pytest.mark.slow

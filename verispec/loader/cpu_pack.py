@@ -22,7 +22,6 @@ from verispec.models.layers.quant import INT4_GROUP, INT4_ROWS, DenseSegment, In
 log = logging.getLogger("verispec")
 
 COMPUTE_DTYPE = torch.bfloat16  # the CPU int4 kernel is fast in bf16 only (float32 runs ~15x slower)
-_BLOCK_N = 64  # torch's CPU int4 layout packs blocks of 64 rows
 Plane = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # u uint8 [N, K] in [0, 15], scale, zero [N, K/32]
 
 
@@ -103,20 +102,30 @@ def pack_planes(parts: list[list[Plane]], dtype: torch.dtype = COMPUTE_DTYPE) ->
     return Int4Planes(packed, sz, planes, (n, k))
 
 
+def _block_rows() -> int:
+    """Rows a block of torch's CPU int4 layout holds on this CPU (its kernels are built per instruction set):
+    64 under AVX-512 (byte j of a block's column pairs rows j and j + 32), 32 under AVX2 (rows j and j + 16);
+    0 where the layout is another one (non-x86 builds), which pack_u4 leaves to torch's op."""
+    return {"AVX512": 64, "AVX2": 32}.get(torch.backends.cpu.get_cpu_capability(), 0)
+
+
 def pack_u4(u: torch.Tensor) -> torch.Tensor:
     """uint8 [N, K] values in [0, 15] (N a multiple of 16) -> torch's CPU int4 layout [N, K / 2].
 
-    Blocks of 64 rows are laid out here with byte ops: block b, column k, byte d holds row 64b + d in
-    its low nibble and row 64b + 32 + d in its high one (what _convert_weight_to_int4pack_for_cpu
-    writes, ~10x faster; tests/test_cpu_pack.py compares the two and cpu_int4_available() checks the
-    result against the float reference at start-up). The last N % 64 rows go through torch's op."""
+    Full blocks of B rows (_block_rows) are laid out here with byte ops: block b, column k, byte d holds
+    row B b + d in its low nibble and row B b + B / 2 + d in its high one (what
+    _convert_weight_to_int4pack_for_cpu writes, ~10x faster; tests/test_cpu_pack.py compares the two and
+    cpu_int4_available() checks the result against the float reference at start-up). The last N % B rows,
+    and every row where the layout is not one of those, go through torch's op."""
     n, k = u.shape
-    full = n - n % _BLOCK_N
-    blocks = u[:full].view(full // _BLOCK_N, 2, _BLOCK_N // 2, k)
+    rows = _block_rows()
+    full = n - n % rows if rows else 0
     packed = torch.empty(n, k // 2, dtype=torch.uint8)
-    both = blocks[:, 1] << 4
-    torch.bitwise_or(both, blocks[:, 0], out=both)  # contiguous first: a transposed copy is 2x faster than
-    packed[:full].view(full // _BLOCK_N, k, _BLOCK_N // 2).copy_(both.transpose(1, 2))  # a transposed OR
+    if full:
+        blocks = u[:full].view(full // rows, 2, rows // 2, k)
+        both = blocks[:, 1] << 4
+        torch.bitwise_or(both, blocks[:, 0], out=both)  # contiguous first: a transposed copy is 2x faster than
+        packed[:full].view(full // rows, k, rows // 2).copy_(both.transpose(1, 2))  # a transposed OR
     if full < n:
         packed[full:] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(u[full:].to(torch.int32), 1)
     return packed
