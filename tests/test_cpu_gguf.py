@@ -120,7 +120,7 @@ def test_cpu_loader_runs_the_kernel_types_as_blocks_and_the_rest_as_before():
     from collections import Counter
 
     if not cpu_gguf.fast():
-        pytest.skip("no AVX-512 here: the loader keeps the int4 path (test_unavailable_kernel_keeps_the_int4_path)")
+        pytest.skip("neither AVX-512 nor AVX2 here: the loader keeps the int4 path (test_unavailable_kernel_keeps_the_int4_path)")
 
     k = 256
     types = [T.Q5_0, T.Q5_0, T.Q8_0, T.Q4_K, T.Q6_K, T.Q4_0, T.Q2_K]
@@ -150,3 +150,17 @@ def test_unavailable_kernel_keeps_the_int4_path(monkeypatch):
     monkeypatch.setattr(cpu_gguf, "fast", lambda: False)
     segs = quantized._cpu_segments(_parts([T.Q5_0, T.Q8_0], 64), Counter())
     assert [type(s) for s in segs] == [Int4Planes]  # one run of packable types, as cpu_pack packs it
+
+
+@needs_cc
+def test_the_kernels_use_the_widest_vectors_this_cpu_has():
+    """-march=native: AVX-512 where /proc/cpuinfo lists avx512f, else AVX2 + FMA where it lists both."""
+    from pathlib import Path
+
+    info = Path("/proc/cpuinfo")
+    if not info.exists() or not cpu_gguf.available():
+        pytest.skip("no /proc/cpuinfo (not Linux) or no kernel")
+    flags = set(next(ln for ln in info.read_text().splitlines() if ln.startswith("flags")).split())
+    want = 512 if "avx512f" in flags else 256 if {"avx2", "fma"} <= flags else 0
+    assert cpu_gguf.simd_bits() == want
+    assert cpu_gguf.fast() == (want > 0)

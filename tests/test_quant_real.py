@@ -38,7 +38,7 @@ def test_the_default_on_cpu_is_quantized_and_the_reference_is_not(llm05, llm_q):
     file_bytes = 469_000_000  # the Q4_K_M file holds ~0.49 B weights in 469 MB; float32 takes 2.5 GB
     assert weight_nbytes(q) < 2 * file_bytes < weight_nbytes(ref) / 2
     segs = [s for m in q.modules() if isinstance(m, QuantLinear) for s in m.segments]
-    if cpu_gguf.fast():  # built with the machine's C compiler, AVX-512: the file's blocks, as stored
+    if cpu_gguf.fast():  # built with the machine's C compiler, AVX-512 or AVX2: the file's blocks, as stored
         # per layer q+k (Q5_0), v (Q5_0 or Q8_0: a segment of its own in 12 layers), o, gate_up (Q5_0),
         # down (Q6_K in 12 layers; Q4_K in 12: an int4 plane); the Q8_0 LM head
         assert sum(isinstance(s, GGUFSegment) for s in segs) == 24 + 12 + 24 + 24 + 12 + 1

@@ -7,12 +7,16 @@
    same libgomp torch runs on). vs_dequant writes the float32 weight itself (large m: torch's GEMM).
 
    Types: Q8_0, Q5_0, Q4_0 (32 per block), Q4_K, Q6_K (256 per block). AVX-512 where the compiler
-   targets it, plain C otherwise (the same results up to summation order). */
+   targets it, else AVX2 with FMA (8 lanes instead of 16), plain C otherwise (the same results up to
+   summation order). */
 
 #include <stdint.h>
 #include <string.h>
-#if defined(__AVX512F__) || defined(__F16C__)
+#if defined(__AVX512F__) || defined(__F16C__) || defined(__AVX2__)
 #include <immintrin.h>
+#endif
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+#define VS_AVX2 1
 #endif
 
 enum { T_Q4_0 = 2, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14 };
@@ -163,6 +167,16 @@ int vs_block_bytes(int t) { return deq_of(t) ? block_bytes(t) : 0; }
 int vs_avx512(void) {
 #ifdef __AVX512F__
     return 1;
+#else
+    return 0;
+#endif
+}
+/* The vector width of the GEMVs in bits: 512 (AVX-512), 256 (AVX2 + FMA), 0 (plain C). */
+int vs_simd_bits(void) {
+#if defined(__AVX512F__)
+    return 512;
+#elif defined(VS_AVX2)
+    return 256;
 #else
     return 0;
 #endif
@@ -339,6 +353,186 @@ GEMV32_MANY(many_q5_0, 22, Q5_0_QUANTS)
 GEMV32_MANY(many_q4_0, 18, Q4_0_QUANTS)
 #endif
 
+#ifdef VS_AVX2
+/* AVX2 + FMA: the same kernels as above on 8 lanes. A 32-element block's quants become 32 int8 bytes in
+   element order (quants_*), then four 8-lane float32 vectors. */
+static inline __attribute__((always_inline)) float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* int8 quants of elements 8 i .. 8 i + 7 of 32 bytes q, as float32. */
+static inline __attribute__((always_inline)) __m256 q8_part(__m256i q, int i) {
+    __m128i h = i < 2 ? _mm256_castsi256_si128(q) : _mm256_extracti128_si256(q, 1);
+    if (i & 1) h = _mm_srli_si128(h, 8);
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(h));
+}
+
+/* 16 bytes of nibble pairs -> 32 bytes: the low nibbles (elements 0-15), then the high ones (16-31). */
+static inline __attribute__((always_inline)) __m256i nibbles32(const uint8_t *p) {
+    __m128i v = _mm_loadu_si128((const __m128i *)p), m = _mm_set1_epi8(15);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+}
+
+static inline __attribute__((always_inline)) __m256i quants_q8_0(const uint8_t *b) {
+    return _mm256_loadu_si256((const __m256i *)(b + 2));
+}
+
+static inline __attribute__((always_inline)) __m256i quants_q4_0(const uint8_t *b) {
+    return _mm256_sub_epi8(nibbles32(b + 2), _mm256_set1_epi8(8));
+}
+
+/* q = nibble + 16 * bit - 16, the bit of element j being bit j of qh: byte j of `set` is 0xFF where it is 1
+   (qh's byte j / 8 broadcast to byte j, tested against bit j % 8). */
+static inline __attribute__((always_inline)) __m256i quants_q5_0(const uint8_t *b) {
+    uint32_t qh;
+    memcpy(&qh, b + 2, 4);
+    const __m256i pick = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), pick), bit), bit);
+    return _mm256_sub_epi8(nibbles32(b + 6), _mm256_andnot_si256(set, _mm256_set1_epi8(16)));
+}
+
+/* sum_j q_j x_j over one 32-element block, in 8 lanes. */
+static inline __attribute__((always_inline)) __m256 dot32(__m256i q, const float *xb) {
+    __m256 s = _mm256_mul_ps(q8_part(q, 0), _mm256_loadu_ps(xb));
+    s = _mm256_fmadd_ps(q8_part(q, 1), _mm256_loadu_ps(xb + 8), s);
+    s = _mm256_fmadd_ps(q8_part(q, 2), _mm256_loadu_ps(xb + 16), s);
+    return _mm256_fmadd_ps(q8_part(q, 3), _mm256_loadu_ps(xb + 24), s);
+}
+
+#define BLOCK_DOT8(b, xb, acc, QUANTS) acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(b)), dot32(QUANTS(b), xb), acc)
+
+#define GEMV32_ONE8(NAME, BB, QUANTS)                                                              \
+    static void NAME(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, const float *x, float *y) { \
+        for (int64_t r = r0; r < r1; r++) {                                                        \
+            const uint8_t *wr = w + r * nb * BB;                                                   \
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                            \
+            int64_t blk = 0;                                                                       \
+            for (; blk + 4 <= nb; blk += 4) {                                                      \
+                const uint8_t *b = wr + blk * BB;                                                  \
+                const float *xb = x + blk * 32;                                                    \
+                _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);                             \
+                _mm_prefetch((const char *)b + PREFETCH + 64, _MM_HINT_T0);                        \
+                BLOCK_DOT8(b, xb, a0, QUANTS);                                                     \
+                BLOCK_DOT8(b + BB, xb + 32, a1, QUANTS);                                           \
+                BLOCK_DOT8(b + 2 * BB, xb + 64, a2, QUANTS);                                       \
+                BLOCK_DOT8(b + 3 * BB, xb + 96, a3, QUANTS);                                       \
+            }                                                                                      \
+            for (; blk < nb; blk++) BLOCK_DOT8(wr + blk * BB, x + blk * 32, a0, QUANTS);           \
+            y[r] = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));             \
+        }                                                                                          \
+    }
+
+#define GEMV32_MANY8(NAME, BB, QUANTS)                                                             \
+    static void NAME(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, const float *x, int64_t m, \
+                     int64_t ldx, float *y, int64_t ldy) {                                          \
+        for (int64_t r = r0; r < r1; r++) {                                                        \
+            const uint8_t *wr = w + r * nb * BB;                                                   \
+            __m256 acc[MAX_M];                                                                     \
+            for (int i = 0; i < m; i++) acc[i] = _mm256_setzero_ps();                              \
+            for (int64_t blk = 0; blk < nb; blk++) {                                               \
+                const uint8_t *b = wr + blk * BB;                                                  \
+                __m256i q = QUANTS(b);                                                             \
+                __m256 q0 = q8_part(q, 0), q1 = q8_part(q, 1), q2 = q8_part(q, 2), q3 = q8_part(q, 3); \
+                __m256 vd = _mm256_set1_ps(f16(b));                                                \
+                const float *xb = x + blk * 32;                                                    \
+                for (int i = 0; i < m; i++) {                                                      \
+                    const float *xi = xb + i * ldx;                                                \
+                    __m256 s = _mm256_mul_ps(q0, _mm256_loadu_ps(xi));                             \
+                    s = _mm256_fmadd_ps(q1, _mm256_loadu_ps(xi + 8), s);                           \
+                    s = _mm256_fmadd_ps(q2, _mm256_loadu_ps(xi + 16), s);                          \
+                    s = _mm256_fmadd_ps(q3, _mm256_loadu_ps(xi + 24), s);                          \
+                    acc[i] = _mm256_fmadd_ps(vd, s, acc[i]);                                       \
+                }                                                                                  \
+            }                                                                                      \
+            for (int i = 0; i < m; i++) y[i * ldy + r] = hsum8(acc[i]);                            \
+        }                                                                                          \
+    }
+
+/* Q4_K for one row of x, as the AVX-512 one: value = (d sc_j) q + (-(dmin m_j)), eight elements at a time. */
+static void one_q4_k(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, const float *x, float *y) {
+    const __m256i m15 = _mm256_set1_epi32(15);
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *wr = w + r * nb * 144;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+        for (int64_t blk = 0; blk < nb; blk++) {
+            const uint8_t *b = wr + blk * 144, *s = b + 4, *qs = b + 16;
+            _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);
+            _mm_prefetch((const char *)b + PREFETCH + 64, _MM_HINT_T0);
+            _mm_prefetch((const char *)b + PREFETCH + 128, _MM_HINT_T0);
+            float d = f16(b), dmin = f16(b + 2);
+            const float *xb = x + blk * 256;
+            for (int j = 0; j < 8; j++) { /* sub-block j: the low (j even) or high nibbles of qs[32 (j / 2) ..] */
+                int sc, mn;
+                if (j < 4) {
+                    sc = s[j] & 63;
+                    mn = s[j + 4] & 63;
+                } else {
+                    sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+                    mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+                }
+                __m256 vs = _mm256_set1_ps(d * (float)sc), vm = _mm256_set1_ps(-(dmin * (float)mn));
+                const uint8_t *q = qs + 32 * (j / 2);
+                for (int p = 0; p < 4; p++) {
+                    __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * p)));
+                    if (j & 1) v = _mm256_srli_epi32(v, 4);
+                    __m256 wv = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, m15)), vs, vm);
+                    if (p & 1) a1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xb + 32 * j + 8 * p), a1);
+                    else a0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xb + 32 * j + 8 * p), a0);
+                }
+            }
+        }
+        y[r] = hsum8(_mm256_add_ps(a0, a1));
+    }
+}
+
+/* Q6_K for one row of x: element 32 g + i of a half (i < 32) takes ql[32 (g & 1) + i] (low nibble for g < 2,
+   high for g >= 2), bits 2g of qh[i], and scale sc[2g + i / 16] of the half; eight i at a time. */
+static void one_q6_k(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, const float *x, float *y) {
+    const __m256i m15 = _mm256_set1_epi32(15), m3 = _mm256_set1_epi32(3), s32 = _mm256_set1_epi32(32);
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *wr = w + r * nb * 210;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+        for (int64_t blk = 0; blk < nb; blk++) {
+            const uint8_t *b = wr + blk * 210;
+            for (int p = 0; p < 256; p += 64) _mm_prefetch((const char *)b + PREFETCH + p, _MM_HINT_T0);
+            const int8_t *sc = (const int8_t *)(b + 192);
+            float d = f16(b + 208);
+            const float *xb = x + blk * 256;
+            for (int half = 0; half < 2; half++) {
+                const uint8_t *l = b + 64 * half, *h = b + 128 + 32 * half;
+                for (int p = 0; p < 4; p++) {
+                    __m256i hv = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(h + 8 * p)));
+                    __m256i lv0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(l + 8 * p)));
+                    __m256i lv1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(l + 32 + 8 * p)));
+                    for (int g = 0; g < 4; g++) {
+                        __m256i lo = (g & 1) ? lv1 : lv0;
+                        if (g >= 2) lo = _mm256_srli_epi32(lo, 4);
+                        lo = _mm256_and_si256(lo, m15);
+                        __m256i hi = _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(hv, 2 * g), m3), 4);
+                        __m256 q = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_or_si256(lo, hi), s32));
+                        __m256 t = _mm256_mul_ps(q, _mm256_loadu_ps(xb + 128 * half + 32 * g + 8 * p));
+                        __m256 vs = _mm256_set1_ps(d * (float)sc[8 * half + 2 * g + p / 2]);
+                        if (g & 1) a1 = _mm256_fmadd_ps(vs, t, a1);
+                        else a0 = _mm256_fmadd_ps(vs, t, a0);
+                    }
+                }
+            }
+        }
+        y[r] = hsum8(_mm256_add_ps(a0, a1));
+    }
+}
+
+GEMV32_ONE8(one_q8_0, 34, quants_q8_0)
+GEMV32_ONE8(one_q5_0, 22, quants_q5_0)
+GEMV32_ONE8(one_q4_0, 18, quants_q4_0)
+GEMV32_MANY8(many_q8_0, 34, quants_q8_0)
+GEMV32_MANY8(many_q5_0, 22, quants_q5_0)
+GEMV32_MANY8(many_q4_0, 18, quants_q4_0)
+#endif
+
 /* Any type through its block dequantizer (the 256-element types; everything without AVX-512). */
 static void gemv_generic(deq_fn deq, int be, int bb, const uint8_t *w, int64_t r0, int64_t r1, int64_t nb,
                          const float *x, int64_t m, int64_t ldx, float *y, int64_t ldy) {
@@ -374,7 +568,7 @@ int vs_gemv(int t, const uint8_t *w, int64_t n, int64_t k, const float *x, int64
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t task = 0; task < tasks; task++) {
         int64_t r0 = task * chunk, r1 = r0 + chunk < n ? r0 + chunk : n;
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || defined(VS_AVX2)
         if (m == 1 && t == T_Q8_0) { one_q8_0(w, r0, r1, nb, x, y); continue; }
         if (m == 1 && t == T_Q5_0) { one_q5_0(w, r0, r1, nb, x, y); continue; }
         if (m == 1 && t == T_Q4_0) { one_q4_0(w, r0, r1, nb, x, y); continue; }

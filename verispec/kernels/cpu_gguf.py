@@ -2,7 +2,7 @@
 system C compiler and called through ctypes.
 
 Up to MAX_ROWS rows of x (decode, verify) run cpu_gguf.c's GEMV: it streams each weight row's blocks once,
-dequantizes them exactly as loader/dequant.py does and sums in float32 (AVX-512 where the CPU has it), so
+dequantizes them exactly as loader/dequant.py does and sums in float32 (AVX-512 where the CPU has it, else AVX2 + FMA), so
 the result is the float32 reference's up to summation order, reading the file's bytes only. More rows
 (prefill) dequantize the weight to float32 in the kernel and run torch's GEMM. The library is built with
 `cc -O3 -march=native -fopenmp` into `<cache>/kernels/` keyed by the source, the compiler and the CPU; no
@@ -114,7 +114,8 @@ def library() -> ctypes.CDLL | None:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.vs_gemv.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, i64, ptr, i64, ctypes.c_int]
     lib.vs_dequant.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ctypes.c_int]
-    lib.vs_gemv.restype = lib.vs_dequant.restype = lib.vs_avx512.restype = ctypes.c_int
+    for f in (lib.vs_gemv, lib.vs_dequant, lib.vs_avx512, lib.vs_simd_bits):
+        f.restype = ctypes.c_int
     return lib
 
 
@@ -160,10 +161,15 @@ def _lib() -> ctypes.CDLL:
     return lib
 
 
+def simd_bits() -> int:
+    """The vector width the GEMVs were built for: 512 (AVX-512), 256 (AVX2 + FMA) or 0 (plain C)."""
+    return int(_lib().vs_simd_bits()) if available() else 0
+
+
 def fast() -> bool:
-    """Whether the GEMVs of GEMV_TYPES are the AVX-512 ones (without AVX-512 the plain C loop is slower than
-    the int4 path, so the loader keeps that)."""
-    return available() and bool(_lib().vs_avx512())
+    """Whether the GEMVs of GEMV_TYPES are vectorized, AVX-512 or AVX2 (the plain C loop is slower than the
+    int4 path, so without either the loader keeps that)."""
+    return simd_bits() > 0
 
 
 @functools.cache

@@ -115,7 +115,7 @@ def _linear(f: GGUFFile, cfg: ModelConfig, names: list[str], bias: torch.Tensor 
 
 def _cpu_segments(parts: list[Part], held: Counter) -> list[Segment]:
     """CPU segments: runs of the types kernels/cpu_gguf.py runs (Q8_0, Q5_0, Q4_0, Q6_K) as their GGUF blocks
-    when its AVX-512 kernel is available, the rest as cpu_pack packs them (int4 planes, bf16)."""
+    when its vectorized (AVX-512 or AVX2) kernel is available, the rest as cpu_pack packs them (int4 planes, bf16)."""
     from verispec.kernels import cpu_gguf
 
     fast = cpu_gguf.fast()
