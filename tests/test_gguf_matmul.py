@@ -126,8 +126,9 @@ def i8_cfg(**kw) -> dict:
 
 
 @pytest.mark.parametrize("qtype", KQUANT)
-@pytest.mark.parametrize("m,bias,silu,block_k", [(1, False, False, 512), (3, True, False, 512),
-                                                  (2, False, True, 256), (4, True, False, 256)])
+@pytest.mark.parametrize("m,bias,silu,block_k", [  # the int8 GEMV is off by default: two cells in the CPU
+    (1, False, False, 512), (3, True, False, 512),  # suite (the interpreter takes ~10 s a cell), all with -m slow
+    pytest.param(2, False, True, 256, marks=pytest.mark.slow), pytest.param(4, True, False, 256, marks=pytest.mark.slow)])
 def test_int8_gemv_is_the_dot_with_x_rounded_to_8_bits(qtype, m, bias, silu, block_k):
     """The integer-dot GEMV (Q4_K / Q6_K) equals x rounded to int8 per 32 elements (x_int8) dotted with the
     dequantized weight, to float32 summation error, over 3 super-blocks (a tail with 2 a step), several rows
