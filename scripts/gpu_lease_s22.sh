@@ -3,7 +3,7 @@
 # A/B against gguf_matmul's GEMV (random weights: no model) while the models are staged; then, on the 1.5B
 # Q4_K_M, the batch-1 step profile and decode tok/s (gguf new, gguf old, bf16), the parity of the quantized path,
 # and on the 0.5B the CUDA parity cells with session 20's capture fix (worker/graphs.py) and without it.
-# Send with scripts/lease_chunk.sh scripts/gpu_lease_s21.sh MODEL NN [SHA] (the 1.5B's chunks, then the 0.5B's), then poll.
+# Send with scripts/lease_chunk.sh scripts/gpu_lease_s22.sh MODEL NN [SHA] (the 1.5B's chunks, then the 0.5B's), then poll.
 set -uo pipefail
 R=/tmp/burst
 mkdir -p $R
