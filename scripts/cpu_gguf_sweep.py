@@ -3,7 +3,9 @@
 weights of every layer in turn (so they come from memory, as in a step); best of --iters.
 
 usage: PYTHONPATH=$PWD python3 scripts/cpu_gguf_sweep.py [MODEL] [--threads N] [--iters 5] [--all-types]
-(--all-types: every type the kernel has, Q4_K too, which the loader keeps on its int4 plane)
+(--all-types: every type the kernel has, Q4_K too, which the loader keeps on its int4 plane). "int8": the same
+kernel weights with one row's integer-dot GEMV (linear(int8=True): Q8_0, Q5_0, Q4_0; the others as "kernel"),
+the loader's default where cpu_gguf.int8_available()
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def main() -> None:
     for name, info in f.tensors.items():
         if len(info.shape) == 2 and name != "token_embd.weight":
             kinds["output" if name == "output.weight" else name.split(".")[2]].append(name)
-    tot_c = tot_p = 0.0
+    tot_c = tot_p = tot_8 = 0.0
     print(f"{torch.get_num_threads()} threads; ms per step for all layers' weights of each kind")
     for kind, names in sorted(kinds.items()):
         blocks, packed, kept, types = [], [], [], set()
@@ -65,12 +67,14 @@ def main() -> None:
         xb = x.to(cpu_pack.COMPUTE_DTYPE)
         tp = best_ms(lambda: [s(xb) for s in packed], a.iters)  # noqa: B023
         tc = best_ms(lambda: [cpu_gguf.linear(x, w) for w in blocks], a.iters) if blocks else 0.0  # noqa: B023
+        t8 = best_ms(lambda: [cpu_gguf.linear(x, w, int8=True) for w in blocks], a.iters) if blocks else 0.0  # noqa: B023
         tk = best_ms(lambda: [s(xb) for s in kept], a.iters) if kept else 0.0  # noqa: B023
         tot_c += tc + tk
+        tot_8 += t8 + tk
         tot_p += tp
-        print(f"{kind:12s} x{len(names):2d} {'/'.join(sorted(types)):10s} kernel {tc:6.2f} + kept packed {tk:6.2f} "
+        print(f"{kind:12s} x{len(names):2d} {'/'.join(sorted(types)):10s} kernel {tc:6.2f} (int8 {t8:6.2f}) + kept packed {tk:6.2f} "
               f"({len(blocks)} / {len(kept)} weights)  int4/bf16 only {tp:6.2f}", flush=True)
-    print(f"total: with the kernel {tot_c:.1f} ms, int4/bf16 only {tot_p:.1f} ms")
+    print(f"total: with the kernel {tot_c:.1f} ms (int8 one-row GEMVs {tot_8:.1f} ms), int4/bf16 only {tot_p:.1f} ms")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 teacher-forced argmax agreement and the worst relative logits error (one line each), plus weight memory.
 
 usage: PYTHONPATH=$PWD python3 scripts/quant_parity.py MODEL [--device cuda] [--dtype auto] [--tokens 64]
-       [--prompts 8] [--gguf-int8-gemv]   (the reference: quantization="none" in --dtype; float32 on CPU, bf16 on
+       [--prompts 8] [--gguf-int8-gemv] [--batch1]   (the reference: quantization="none" in --dtype; float32 on CPU, bf16 on
        CUDA; --gguf-int8-gemv: the gguf engine's one-row Q4_K / Q6_K layers on the integer-dot GEMV, which its
        greedy decode steps take; the teacher-forced logits come from prefill rows, which do not)
 """
@@ -49,6 +49,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--gguf-int8-gemv", action="store_true", help="KernelOptions.gguf_int8_gemv on the gguf engine")
+    ap.add_argument("--batch1", action="store_true",
+                    help="the gguf engine generates one prompt at a time (one-row decode steps), the reference batched")
     a = ap.parse_args()
     from verispec import LLM, SamplingParams
     from verispec.models.layers.quant import step_weight_nbytes, weight_nbytes
@@ -73,7 +75,10 @@ def main() -> None:
     ids = [ref.tokenizer.encode(p) for p in PROMPTS[: a.prompts]]
     sp = SamplingParams(temperature=0.0, max_tokens=a.tokens, ignore_eos=True)
     r = [o.outputs[0].token_ids for o in ref.generate(prompt_token_ids=ids, sampling_params=sp, use_tqdm=False)]
-    g = [o.outputs[0].token_ids for o in q.generate(prompt_token_ids=ids, sampling_params=sp, use_tqdm=False)]
+    if a.batch1:  # one prompt at a time: every decode step has one row (the CPU's int8 GEMV, the CUDA one-row path)
+        g = [q.generate(prompt_token_ids=[p], sampling_params=sp, use_tqdm=False)[0].outputs[0].token_ids for p in ids]
+    else:
+        g = [o.outputs[0].token_ids for o in q.generate(prompt_token_ids=ids, sampling_params=sp, use_tqdm=False)]
     tfs, rels = [], []
     for i, (x, y) in enumerate(zip(r, g, strict=True)):
         prefix = next((j for j, (u, v) in enumerate(zip(x, y, strict=True)) if u != v), a.tokens)

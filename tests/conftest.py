@@ -17,6 +17,11 @@ sys.path.insert(0, str(Path(__file__).parent))  # for tests/tiny.py
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Under pytest-xdist (the default suite runs `-n 2`) the workers share the cores: each gets its part of
+# them for torch's (and the CPU GGUF kernel's) threads, so two workers do not oversubscribe two cores.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 
 def _interpreter_math_by_value() -> None:
     """In Triton's interpreter tl.dot is numpy's matmul, which hands float32 to the CPU's BLAS: its sum
@@ -177,7 +182,16 @@ def qwen05_gate(qwen05_path, gate_device):
     return tok, cfg, model
 
 
+# The files that take longest on the CPU (seconds each in the 2026-12-07 suite, one thread): run first, so
+# that under `-n 2 --dist loadfile` no worker is left with a long file at the end while the other idles.
+LONGEST_FIRST = ("test_gguf_matmul.py", "test_hf_parity.py", "test_real_model_spec.py", "test_async_parity.py",
+                 "test_server_load.py", "test_kernels.py", "test_verify_distribution.py", "test_structured_outputs.py",
+                 "test_tensor_parallel.py", "test_qkv_rope.py")
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda it: rank.get(it.path.name, len(rank)))  # stable: the rest keep their order
     if torch.cuda.is_available():
         return
     dry_run = config.getoption("--gate-device") == "cpu"  # the GPU gate cells on the CPU

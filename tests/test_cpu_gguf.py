@@ -98,6 +98,70 @@ def test_linear_keeps_leading_dims_and_threads_agree():
     assert torch.equal(y, y1)  # rows are split over threads, each row's sum is one thread's: no change
 
 
+INT8_TYPES = [T.Q4_0, T.Q5_0, T.Q8_0]
+needs_int8 = pytest.mark.skipif(not cpu_gguf.int8_available(), reason="no C compiler or no AVX2: no integer-dot GEMV")
+
+
+def _x_rounded_to_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x as its int8 rounding gives it back, the rounding's scale per element): per 32 elements d = max |x| /
+    127 and q = round-half-even(x * (1 / d)) in float32, as llama.cpp quantizes activations to Q8_0."""
+    xb = x.reshape(-1, 32)
+    d = xb.abs().amax(dim=1, keepdim=True) / 127.0
+    inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+    q = torch.round(xb * inv).clamp(-127, 127)
+    return (q.double() * d.double()).reshape(x.shape), d.expand_as(xb).reshape(x.shape)
+
+
+@needs_int8
+@pytest.mark.parametrize("qtype", INT8_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("nblocks", [1, 2, 7, 28])  # the 2-block unrolled loop, its tail, the 0.5B's K = 896
+@pytest.mark.parametrize("n", [1, 17, 45])
+def test_int8_gemv_is_the_dot_with_x_rounded_to_8_bits(qtype, nblocks, n):
+    k = 32 * nblocks
+    w, ref = _weight(qtype, n, k, seed=n * 31 + nblocks + int(qtype))
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(nblocks)) * torch.rand(1, k) * 3
+    xr, d = _x_rounded_to_int8(x)
+    want = xr @ ref.double().t()
+    got = cpu_gguf.linear(x, w, int8=True)
+    assert got.shape == (1, n) and got.dtype == torch.float32
+    bound = 1e-5 * (xr.abs() @ ref.double().abs().t()) + 1e-30  # float32 scale products and sums only
+    assert ((got.double() - want).abs() <= bound).all()
+    # against the exact float32 path: |x - its rounding| <= d / 2 per element, and not identical to it
+    exact = cpu_gguf.linear(x, w).double()
+    assert ((got.double() - exact).abs() <= (d.double() / 2) @ ref.double().abs().t() + 2 * bound).all()
+    assert not torch.equal(got, cpu_gguf.linear(x, w))
+
+
+@needs_int8
+def test_int8_gemv_is_one_row_only_and_exact_for_zero_blocks():
+    w, ref = _weight(T.Q8_0, 33, 96, seed=9)
+    x = torch.randn(3, 96)
+    assert torch.equal(cpu_gguf.linear(x, w, int8=True), cpu_gguf.linear(x, w))  # 3 rows: the float GEMV
+    x1 = torch.zeros(1, 96)
+    x1[0, 40] = 2.0  # block 0 and 2 all zero (d = 0), block 1 one value: rounding is exact
+    assert torch.allclose(cpu_gguf.linear(x1, w, int8=True)[0], 2.0 * ref[:, 40], rtol=1e-6, atol=0)
+    q6 = _weight(T.Q6_K, 5, 256, seed=1)[0]  # no integer dot for Q6_K: the float GEMV
+    x6 = torch.randn(1, 256)
+    assert torch.equal(cpu_gguf.linear(x6, q6, int8=True), cpu_gguf.linear(x6, q6))
+
+
+@needs_int8
+def test_loader_takes_the_int8_gemv_unless_turned_off(monkeypatch):
+    from collections import Counter
+
+    parts = _parts([T.Q5_0, T.Q6_K], 256)
+    x = torch.randn(1, 256)
+    on = QuantLinear(quantized._cpu_segments(parts, Counter()), None, torch.float32)
+    monkeypatch.setenv("VERISPEC_CPU_GGUF_INT8", "0")
+    held: Counter = Counter()
+    off = QuantLinear(quantized._cpu_segments(parts, held), None, torch.float32)
+    assert held["Q5_0: GGUF blocks (CPU kernel)"] == 1
+    w5 = cpu_gguf.CPUBlocks(parts[0][0].reshape(40, -1), int(T.Q5_0), (40, 256))
+    assert torch.equal(on(x)[0, :40], cpu_gguf.linear(x, w5, int8=True)[0])
+    assert torch.equal(off(x)[0, :40], cpu_gguf.linear(x, w5)[0])
+    assert torch.equal(on(x)[0, 40:], off(x)[0, 40:])  # Q6_K: the float GEMV either way
+
+
 def test_bad_weights_and_inputs_get_value_errors():
     raw = _raw(T.Q8_0, 4, 64, seed=0)
     with pytest.raises(ValueError, match="no CPU kernel"):
@@ -132,7 +196,8 @@ def test_cpu_loader_runs_the_kernel_types_as_blocks_and_the_rest_as_before():
     assert [type(s).__name__ for s in segs] == ["GGUFSegment", "GGUFSegment", "Int4Planes", "GGUFSegment",
                                                "GGUFSegment", "DenseSegment"]
     assert [s.weight.qtype for s in segs if isinstance(s, GGUFSegment)] == [T.Q5_0, T.Q8_0, T.Q6_K, T.Q4_0]
-    assert held["Q5_0: GGUF blocks (CPU kernel)"] == 2 and sum(held.values()) == len(types)
+    what = "GGUF blocks (CPU kernel, int8 x at one row)" if cpu_gguf.int8_available() else "GGUF blocks (CPU kernel)"
+    assert held[f"Q5_0: {what}"] == 2 and sum(held.values()) == len(types)
     ref = torch.cat([dequantize(raw, t, shape) for raw, t, shape in parts])
     x = torch.randn(3, k)
     want = x.double() @ ref.double().t()
@@ -164,3 +229,38 @@ def test_the_kernels_use_the_widest_vectors_this_cpu_has():
     want = 512 if "avx512f" in flags else 256 if {"avx2", "fma"} <= flags else 0
     assert cpu_gguf.simd_bits() == want
     assert cpu_gguf.fast() == (want > 0)
+
+
+@needs_int8
+def test_int8_gemv_on_the_real_05b_tensors(qwen05_path):
+    """The real 0.5B's one-row layers on the integer dot (layer 0's Q5_0 and Q8_0 weights, the Q8_0 LM head's
+    first rows) with an activation the model makes (an embedding row through the first RMSNorm's weight): the
+    dot with x rounded to int8 up to float32 order, and within 1% of the exact float32 GEMV (relative norm)."""
+    from verispec.loader.gguf import GGUFFile
+
+    f = GGUFFile(qwen05_path)
+
+    def rows_of(name: str, rows: int) -> tuple[torch.Tensor, int, tuple[int, int]]:
+        info = f.tensor(name)
+        raw = f.raw(name).reshape(info.shape[0], -1)[:rows].contiguous()
+        return raw, info.ggml_type, (rows, info.shape[1])
+
+    raw, t, shape = rows_of("token_embd.weight", 1001)
+    e = dequantize(raw[1000:].reshape(-1), t, (1, shape[1]))
+    norm = f.raw("blk.0.attn_norm.weight").view(torch.float32)
+    x = e * torch.rsqrt(e.pow(2).mean() + 1e-6) * norm
+    seen = set()
+    for name, rows in (("blk.0.attn_q.weight", 896), ("blk.0.attn_v.weight", 128), ("blk.0.ffn_gate.weight", 4864),
+                       ("output.weight", 4096)):
+        raw, t, (n, k) = rows_of(name, rows)
+        w = cpu_gguf.CPUBlocks(raw, t, (n, k))
+        seen.add(T(t).name)
+        ref = dequantize(raw.reshape(-1), t, (n, k)).double()
+        xr, _ = _x_rounded_to_int8(x)
+        got = cpu_gguf.linear(x, w, int8=True).double()
+        assert ((got - xr @ ref.t()).abs() <= 1e-5 * (xr.abs() @ ref.abs().t()) + 1e-30).all(), name
+        exact = cpu_gguf.linear(x, w).double()
+        rel = float((got - exact).norm() / exact.norm())
+        print(f"{name}: int8 vs float32 GEMV {rel:.4f}")
+        assert 0 < rel < 0.01, (name, rel)
+    assert seen == {"Q5_0", "Q8_0"}

@@ -44,6 +44,13 @@ def cpu_gguf_kernel() -> bool:
     return os.environ.get("VERISPEC_CPU_GGUF", "1") != "0"
 
 
+def cpu_gguf_int8() -> bool:
+    """VERISPEC_CPU_GGUF_INT8=0: one-row CPU GEMVs of Q8_0 / Q5_0 / Q4_0 blocks in float32 (the exact
+    arithmetic of the float32 reference) instead of the integer dot with x rounded to int8 (an A/B switch,
+    read when a model loads)."""
+    return os.environ.get("VERISPEC_CPU_GGUF_INT8", "1") != "0"
+
+
 def c_compiler() -> str | None:
     """CC: the C compiler that builds the CPU GGUF kernel (default: cc or gcc on PATH)."""
     return os.environ.get("CC") or None

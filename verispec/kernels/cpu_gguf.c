@@ -8,9 +8,11 @@
 
    Types: Q8_0, Q5_0, Q4_0 (32 per block), Q4_K, Q6_K (256 per block). AVX-512 where the compiler
    targets it, else AVX2 with FMA (8 lanes instead of 16), plain C otherwise (the same results up to
-   summation order). */
+   summation order). vs_gemv_int8: one row of x through an integer dot (x rounded to int8; see there). */
 
+#include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__AVX512F__) || defined(__F16C__) || defined(__AVX2__)
 #include <immintrin.h>
@@ -581,6 +583,115 @@ int vs_gemv(int t, const uint8_t *w, int64_t n, int64_t k, const float *x, int64
         gemv_generic(deq, be, bb, w, r0, r1, nb, x, m, ldx, y, ldy);
     }
     return 0;
+}
+
+/* The integer-dot GEMV (one row of x, the 32-element types): x is rounded to int8 per 32 elements as
+   llama.cpp's Q8_0 (dx = max |x| / 127, q = x / dx rounded to nearest even), and each block's dot is an
+   exact int32 sum of the weight's and x's int8 quants (maddubs on |w| and sign(w) x: at most 2 * 128 * 127
+   per 16-bit pair, no saturation), scaled by dw * dx. Not the float32 reference's arithmetic: x's rounding
+   is the difference (tests/test_cpu_gguf.py bounds it). */
+static void quantize_x8(const float *x, int64_t nb, int8_t *q, float *dx) {
+    for (int64_t b = 0; b < nb; b++) {
+        const float *xb = x + 32 * b;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fabsf(xb[j]) > amax ? fabsf(xb[j]) : amax;
+        float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        dx[b] = d;
+        for (int j = 0; j < 32; j++) q[32 * b + j] = (int8_t)lrintf(xb[j] * id);
+    }
+}
+
+#ifdef __AVX2__
+#define VS_INT8 1
+static inline __attribute__((always_inline)) __m256 idot32(__m256i w, const int8_t *xq) {
+    __m256i x = _mm256_loadu_si256((const __m256i *)xq);
+    __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+
+static inline __attribute__((always_inline)) __m256i iquants(int t, const uint8_t *b) {
+    if (t == T_Q8_0) return _mm256_loadu_si256((const __m256i *)(b + 2));
+    __m128i v = _mm_loadu_si128((const __m128i *)(b + (t == T_Q5_0 ? 6 : 2))), m = _mm_set1_epi8(15);
+    __m256i n = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+    if (t == T_Q4_0) return _mm256_sub_epi8(n, _mm256_set1_epi8(8));
+    uint32_t qh;
+    memcpy(&qh, b + 2, 4);
+    const __m256i pick = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), pick), bit), bit);
+    return _mm256_sub_epi8(n, _mm256_andnot_si256(set, _mm256_set1_epi8(16)));
+}
+
+#define IDOT_ROWS(NAME, T, BB)                                                                     \
+    static void NAME(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, const int8_t *xq,       \
+                     const float *dx, float *y) {                                                  \
+        for (int64_t r = r0; r < r1; r++) {                                                        \
+            const uint8_t *wr = w + r * nb * BB;                                                   \
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0;                                              \
+            int64_t blk = 0;                                                                       \
+            for (; blk + 2 <= nb; blk += 2) {                                                      \
+                const uint8_t *b = wr + blk * BB;                                                  \
+                _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);                             \
+                a0 = _mm256_fmadd_ps(_mm256_set1_ps(f16(b) * dx[blk]), idot32(iquants(T, b), xq + 32 * blk), a0); \
+                a1 = _mm256_fmadd_ps(_mm256_set1_ps(f16(b + BB) * dx[blk + 1]),                  \
+                                     idot32(iquants(T, b + BB), xq + 32 * blk + 32), a1);          \
+            }                                                                                      \
+            for (; blk < nb; blk++)                                                                \
+                a0 = _mm256_fmadd_ps(_mm256_set1_ps(f16(wr + blk * BB) * dx[blk]),                \
+                                     idot32(iquants(T, wr + blk * BB), xq + 32 * blk), a0);        \
+            y[r] = hsum8i(_mm256_add_ps(a0, a1));                                                  \
+        }                                                                                          \
+    }
+
+static inline __attribute__((always_inline)) float hsum8i(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+IDOT_ROWS(idot_q8_0, T_Q8_0, 34)
+IDOT_ROWS(idot_q5_0, T_Q5_0, 22)
+IDOT_ROWS(idot_q4_0, T_Q4_0, 18)
+#endif
+
+/* 1 where vs_gemv_int8 runs (AVX2), else 0. */
+int vs_int8(void) {
+#ifdef VS_INT8
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* y[:n] = x[:k] . W[r] through the integer dot (one row of x; Q8_0, Q5_0, Q4_0). Returns 0, or -1 for bad
+   arguments or without AVX2. */
+int vs_gemv_int8(int t, const uint8_t *w, int64_t n, int64_t k, const float *x, float *y, int threads) {
+#ifdef VS_INT8
+    if ((t != T_Q8_0 && t != T_Q5_0 && t != T_Q4_0) || k % 32 || threads < 1) return -1;
+    int64_t nb = k / 32;
+    int8_t *xq = (int8_t *)malloc((size_t)k + 32);
+    float *dx = (float *)malloc(sizeof(float) * (size_t)nb);
+    if (!xq || !dx) {
+        free(xq);
+        free(dx);
+        return -1;
+    }
+    quantize_x8(x, nb, xq, dx);
+    int64_t chunk = 16, tasks = (n + chunk - 1) / chunk;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t task = 0; task < tasks; task++) {
+        int64_t r0 = task * chunk, r1 = r0 + chunk < n ? r0 + chunk : n;
+        if (t == T_Q8_0) idot_q8_0(w, r0, r1, nb, xq, dx, y);
+        else if (t == T_Q5_0) idot_q5_0(w, r0, r1, nb, xq, dx, y);
+        else idot_q4_0(w, r0, r1, nb, xq, dx, y);
+    }
+    free(xq);
+    free(dx);
+    return 0;
+#else
+    (void)t; (void)w; (void)n; (void)k; (void)x; (void)y; (void)threads;
+    return -1;
+#endif
 }
 
 /* out[r * k + :k] = W[r] as float32, r < n. Returns 0, or -1 for bad arguments. */

@@ -27,7 +27,10 @@ def _f16(b: torch.Tensor) -> torch.Tensor:
 
 def _words(b: torch.Tensor) -> torch.Tensor:
     """[n, 4k] bytes -> [n, k] int32 words (little-endian)."""
-    return b.contiguous().view(torch.int32)
+    b = b.contiguous()
+    if b.storage_offset() % 4 or any(st % 4 for st in b.stride()[:-1]):  # a one-row slice is "contiguous"
+        b = b.clone(memory_format=torch.contiguous_format)  # with its parent's offset and strides
+    return b.view(torch.int32)
 
 
 def _fields(w: torch.Tensor, nbits: int, count: int) -> torch.Tensor:

@@ -10,6 +10,7 @@ load never imports it, nor triton). Nothing is cached on disk: packing reads the
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections import Counter
@@ -18,6 +19,7 @@ from collections.abc import Callable
 import torch
 
 from verispec.config import ModelConfig
+from verispec.core import envs
 from verispec.loader import cpu_pack
 from verispec.loader.dequant import SUPPORTED_TYPES, dequantize, type_name
 from verispec.loader.gguf import GGUFError, GGUFFile, model_config_from_metadata
@@ -119,6 +121,8 @@ def _cpu_segments(parts: list[Part], held: Counter) -> list[Segment]:
     from verispec.kernels import cpu_gguf
 
     fast = cpu_gguf.fast()
+    int8_types = cpu_gguf.INT8_TYPES if envs.cpu_gguf_int8() and cpu_gguf.int8_available() else frozenset()
+    int8_linear = functools.partial(cpu_gguf.linear, int8=True)
     segs: list[Segment] = []
     run: list[Part] = []
 
@@ -128,7 +132,8 @@ def _cpu_segments(parts: list[Part], held: Counter) -> list[Segment]:
         if gguf:
             n = sum(p[2][0] for p in run)
             blocks = torch.cat([p[0].reshape(p[2][0], -1) for p in run]).contiguous()
-            segs.append(GGUFSegment(cpu_gguf.CPUBlocks(blocks, run[0][1], (n, run[0][2][1])), cpu_gguf.linear))
+            segs.append(GGUFSegment(cpu_gguf.CPUBlocks(blocks, run[0][1], (n, run[0][2][1])),
+                                    int8_linear if run[0][1] in int8_types else cpu_gguf.linear))
         else:
             segs.extend(cpu_pack.pack_tensors(list(run)))
         run.clear()
@@ -139,7 +144,8 @@ def _cpu_segments(parts: list[Part], held: Counter) -> list[Segment]:
         if run and (kind != kind_of(run[-1][1]) or (kind == "gguf" and t != run[-1][1])):
             flush(kind_of(run[-1][1]) == "gguf")
         run.append((raw, t, shape))
-        held[f"{type_name(t)}: GGUF blocks (CPU kernel)" if kind == "gguf" else cpu_pack.describe(t)] += 1
+        what = "GGUF blocks (CPU kernel, int8 x at one row)" if t in int8_types else "GGUF blocks (CPU kernel)"
+        held[f"{type_name(t)}: {what}" if kind == "gguf" else cpu_pack.describe(t)] += 1
     flush(bool(run) and kind_of(run[-1][1]) == "gguf")
     return segs
 
