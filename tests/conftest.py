@@ -186,7 +186,9 @@ def qwen05_gate(qwen05_path, gate_device):
 # that under `-n 2 --dist loadfile` no worker is left with a long file at the end while the other idles.
 LONGEST_FIRST = ("test_gguf_matmul.py", "test_hf_parity.py", "test_real_model_spec.py", "test_async_parity.py",
                  "test_server_load.py", "test_kernels.py", "test_verify_distribution.py", "test_structured_outputs.py",
-                 "test_tensor_parallel.py", "test_qkv_rope.py")
+                 "test_tensor_parallel.py", "test_qkv_rope.py", "test_bench.py", "test_gemma3_tokenizer.py",
+                 "test_gemma3.py", "test_batch_invariance.py", "test_sliding_window.py", "test_server_tools.py",
+                 "test_real_model_structured.py", "test_linear_kernel.py", "test_small_m.py")
 
 
 def pytest_collection_modifyitems(config, items):
