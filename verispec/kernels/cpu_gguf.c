@@ -355,20 +355,13 @@ GEMV32_MANY(many_q5_0, 22, Q5_0_QUANTS)
 GEMV32_MANY(many_q4_0, 18, Q4_0_QUANTS)
 #endif
 
-#ifdef VS_AVX2
-/* AVX2 + FMA: the same kernels as above on 8 lanes. A 32-element block's quants become 32 int8 bytes in
-   element order (quants_*), then four 8-lane float32 vectors. */
+#ifdef __AVX2__
+/* 8-lane helpers of the AVX2 kernels (the float ones under VS_AVX2, the integer dot under
+   VS_INT8): a 32-element block's quants as 32 int8 bytes in element order (quants_*). */
 static inline __attribute__((always_inline)) float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
-/* int8 quants of elements 8 i .. 8 i + 7 of 32 bytes q, as float32. */
-static inline __attribute__((always_inline)) __m256 q8_part(__m256i q, int i) {
-    __m128i h = i < 2 ? _mm256_castsi256_si128(q) : _mm256_extracti128_si256(q, 1);
-    if (i & 1) h = _mm_srli_si128(h, 8);
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(h));
 }
 
 /* 16 bytes of nibble pairs -> 32 bytes: the low nibbles (elements 0-15), then the high ones (16-31). */
@@ -394,6 +387,19 @@ static inline __attribute__((always_inline)) __m256i quants_q5_0(const uint8_t *
     const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
     __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), pick), bit), bit);
     return _mm256_sub_epi8(nibbles32(b + 6), _mm256_andnot_si256(set, _mm256_set1_epi8(16)));
+}
+
+#endif
+
+#ifdef VS_AVX2
+/* AVX2 + FMA: the same kernels as above on 8 lanes. A 32-element block's quants become 32 int8 bytes in
+   element order (quants_*), then four 8-lane float32 vectors. */
+
+/* int8 quants of elements 8 i .. 8 i + 7 of 32 bytes q, as float32. */
+static inline __attribute__((always_inline)) __m256 q8_part(__m256i q, int i) {
+    __m128i h = i < 2 ? _mm256_castsi256_si128(q) : _mm256_extracti128_si256(q, 1);
+    if (i & 1) h = _mm_srli_si128(h, 8);
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(h));
 }
 
 /* sum_j q_j x_j over one 32-element block, in 8 lanes. */
@@ -590,6 +596,8 @@ int vs_gemv(int t, const uint8_t *w, int64_t n, int64_t k, const float *x, int64
    exact int32 sum of the weight's and x's int8 quants (maddubs on |w| and sign(w) x: at most 2 * 128 * 127
    per 16-bit pair, no saturation), scaled by dw * dx. Not the float32 reference's arithmetic: x's rounding
    is the difference (tests/test_cpu_gguf.py bounds it). */
+#if defined(__AVX2__) && defined(__FMA__)
+#define VS_INT8 1
 static void quantize_x8(const float *x, int64_t nb, int8_t *q, float *dx) {
     for (int64_t b = 0; b < nb; b++) {
         const float *xb = x + 32 * b;
@@ -601,28 +609,13 @@ static void quantize_x8(const float *x, int64_t nb, int8_t *q, float *dx) {
     }
 }
 
-#ifdef __AVX2__
-#define VS_INT8 1
 static inline __attribute__((always_inline)) __m256 idot32(__m256i w, const int8_t *xq) {
     __m256i x = _mm256_loadu_si256((const __m256i *)xq);
     __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
     return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
 }
 
-static inline __attribute__((always_inline)) __m256i iquants(int t, const uint8_t *b) {
-    if (t == T_Q8_0) return _mm256_loadu_si256((const __m256i *)(b + 2));
-    __m128i v = _mm_loadu_si128((const __m128i *)(b + (t == T_Q5_0 ? 6 : 2))), m = _mm_set1_epi8(15);
-    __m256i n = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
-    if (t == T_Q4_0) return _mm256_sub_epi8(n, _mm256_set1_epi8(8));
-    uint32_t qh;
-    memcpy(&qh, b + 2, 4);
-    const __m256i pick = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0);
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), pick), bit), bit);
-    return _mm256_sub_epi8(n, _mm256_andnot_si256(set, _mm256_set1_epi8(16)));
-}
-
-#define IDOT_ROWS(NAME, T, BB)                                                                     \
+#define IDOT_ROWS(NAME, BB, QUANTS)                                                                  \
     static void NAME(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, const int8_t *xq,       \
                      const float *dx, float *y) {                                                  \
         for (int64_t r = r0; r < r1; r++) {                                                        \
@@ -632,29 +625,24 @@ static inline __attribute__((always_inline)) __m256i iquants(int t, const uint8_
             for (; blk + 2 <= nb; blk += 2) {                                                      \
                 const uint8_t *b = wr + blk * BB;                                                  \
                 _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);                             \
-                a0 = _mm256_fmadd_ps(_mm256_set1_ps(f16(b) * dx[blk]), idot32(iquants(T, b), xq + 32 * blk), a0); \
+                a0 = _mm256_fmadd_ps(_mm256_set1_ps(f16(b) * dx[blk]),                             \
+                                     idot32(QUANTS(b), xq + 32 * blk), a0);                        \
                 a1 = _mm256_fmadd_ps(_mm256_set1_ps(f16(b + BB) * dx[blk + 1]),                  \
-                                     idot32(iquants(T, b + BB), xq + 32 * blk + 32), a1);          \
+                                     idot32(QUANTS(b + BB), xq + 32 * blk + 32), a1);             \
             }                                                                                      \
             for (; blk < nb; blk++)                                                                \
                 a0 = _mm256_fmadd_ps(_mm256_set1_ps(f16(wr + blk * BB) * dx[blk]),                \
-                                     idot32(iquants(T, wr + blk * BB), xq + 32 * blk), a0);        \
-            y[r] = hsum8i(_mm256_add_ps(a0, a1));                                                  \
+                                     idot32(QUANTS(wr + blk * BB), xq + 32 * blk), a0);           \
+            y[r] = hsum8(_mm256_add_ps(a0, a1));                                                   \
         }                                                                                          \
     }
 
-static inline __attribute__((always_inline)) float hsum8i(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
-IDOT_ROWS(idot_q8_0, T_Q8_0, 34)
-IDOT_ROWS(idot_q5_0, T_Q5_0, 22)
-IDOT_ROWS(idot_q4_0, T_Q4_0, 18)
+IDOT_ROWS(idot_q8_0, 34, quants_q8_0)
+IDOT_ROWS(idot_q5_0, 22, quants_q5_0)
+IDOT_ROWS(idot_q4_0, 18, quants_q4_0)
 #endif
 
-/* 1 where vs_gemv_int8 runs (AVX2), else 0. */
+/* 1 where vs_gemv_int8 runs (AVX2 + FMA), else 0. */
 int vs_int8(void) {
 #ifdef VS_INT8
     return 1;
@@ -664,7 +652,7 @@ int vs_int8(void) {
 }
 
 /* y[:n] = x[:k] . W[r] through the integer dot (one row of x; Q8_0, Q5_0, Q4_0). Returns 0, or -1 for bad
-   arguments or without AVX2. */
+   arguments or without AVX2 + FMA. */
 int vs_gemv_int8(int t, const uint8_t *w, int64_t n, int64_t k, const float *x, float *y, int threads) {
 #ifdef VS_INT8
     if ((t != T_Q8_0 && t != T_Q5_0 && t != T_Q4_0) || k % 32 || threads < 1) return -1;

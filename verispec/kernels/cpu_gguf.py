@@ -39,8 +39,8 @@ MAX_ROWS = 16  # cpu_gguf.c's MAX_M: more rows take the dequantize + GEMM route
 _GEMM_SLICE_ELEMS = 1 << 22  # that route dequantizes this many weight elements at a time (16 MB of float32)
 # ggml type id -> (elements, bytes) per block, for the types cpu_gguf.c runs.
 BLOCKS: dict[int, tuple[int, int]] = {2: (32, 18), 6: (32, 22), 8: (32, 34), 12: (256, 144), 14: (256, 210)}
-GEMV_TYPES = frozenset({2, 6, 8, 14})
-INT8_TYPES = frozenset({2, 6, 8})  # Q4_0, Q5_0, Q8_0: the integer-dot GEMV (linear(int8=True))  # what the loader runs here (Q4_K: its GEMV is 1.6x slower than int4)
+GEMV_TYPES = frozenset({2, 6, 8, 14})  # what the loader runs here (Q4_K: its GEMV is 1.6x slower than int4)
+INT8_TYPES = frozenset({2, 6, 8})  # Q4_0, Q5_0, Q8_0: the integer-dot GEMV (linear(int8=True))
 
 
 @dataclass(frozen=True)
@@ -176,8 +176,9 @@ def simd_bits() -> int:
     return int(_lib().vs_simd_bits()) if available() else 0
 
 
+@functools.cache
 def int8_available() -> bool:
-    """Whether the integer-dot GEMV is built (AVX2: the CPU has it, AVX-512 ones included)."""
+    """Whether the integer-dot GEMV is built (AVX2 + FMA: the CPU has them, AVX-512 ones included)."""
     return available() and bool(_lib().vs_int8())
 
 
