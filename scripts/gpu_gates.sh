@@ -36,7 +36,7 @@ TEST_FILES=${TEST_FILES:-tests/test_faults.py tests/test_real_model_spec.py test
 SHARD=${SHARD:-5}
 CLI=(python3 -m verispec.entrypoints.cli)
 GATE_DTYPE=${GATE_DTYPE:-float32}
-PYTEST=(python3 -m pytest -v -rfE --tb=short -p no:cacheprovider -p pytest_live_log --gate-dtype "$GATE_DTYPE")
+PYTEST=(python3 -m pytest -o addopts= -v -rfE --tb=short -p no:cacheprovider -p pytest_live_log --gate-dtype "$GATE_DTYPE")
 PYTEST_GPU=("${PYTEST[@]}" -m gpu)  # -m gpu: also the cells marked slow (addopts deselects those)
 T0=$(date +%s)
 if [[ $DEVICE == cpu ]]; then
@@ -91,7 +91,7 @@ fi
 
 # A. The process plan: each file's -m gpu cells in chunks of SHARD, longest jobs (the benches) first.
 # shellcheck disable=SC2086
-python3 -m pytest --collect-only -q -m gpu -p no:cacheprovider --gate-dtype "$GATE_DTYPE" $TEST_FILES > "$OUT/collect.log" 2>&1
+python3 -m pytest -o addopts= --collect-only -q -m gpu -p no:cacheprovider --gate-dtype "$GATE_DTYPE" $TEST_FILES > "$OUT/collect.log" 2>&1
 grep "::" "$OUT/collect.log" > "$OUT/cells.txt"
 echo "=== plan: $(wc -l < "$OUT/cells.txt") cells of $(echo $TEST_FILES | wc -w) files; $(( $(elapsed) ))s so far"
 for f in $TEST_FILES; do
@@ -107,7 +107,7 @@ if [[ ${INV_BENCH:-1} == 1 ]]; then
   pool; job inv_bf16 "$OUT" "$A_END" "${CLI[@]}" "${INV[@]}" --json "$OUT/inv_bf16.json" &
 fi
 if [[ ${FAULTS_CPU:-0} == 1 ]]; then  # the fault gates' CPU cells (tiny models), the table's CPU column
-  python3 -m pytest --collect-only -q -m "not gpu" -p no:cacheprovider tests/test_faults.py 2>/dev/null \
+  python3 -m pytest -o addopts= --collect-only -q -m "not gpu" -p no:cacheprovider tests/test_faults.py 2>/dev/null \
     | grep "::" > "$OUT/tests/faults_cpu.ids"
   [[ $DEVICE == cpu ]] && grep -E "::test_(row_by_position|placeholder_leak)_caught" "$OUT/tests/faults_cpu.ids" \
     > "$OUT/tests/faults_cpu.tmp" && mv "$OUT/tests/faults_cpu.tmp" "$OUT/tests/faults_cpu.ids"  # dry run: 2 cells

@@ -53,7 +53,7 @@ fi
 for t in test_sliding_window test_gemma3_gpu; do
   [ "${SKIP_TESTS:-0}" = 1 ] && break  # SKIP_TESTS=1: the benches only
   say "$t"
-  timeout 300 python3 -m pytest tests/$t.py -q -rf -m "gpu or gpu_gate" -p no:cacheprovider "${GATE[@]}" \
+  timeout 300 python3 -m pytest -o addopts= tests/$t.py -q -rf -m "gpu or gpu_gate" -p no:cacheprovider "${GATE[@]}" \
     > "$R/$t.log" 2>&1
   say "$t rc=$?: $(grep -E "passed|failed|error|skipped" "$R/$t.log" | tail -1)"
 done

@@ -16,7 +16,7 @@ device=cuda
 if [[ $device == cpu ]]; then
   export TRITON_INTERPRET=1
   echo "=== dry run: interpreter tests (a sample) and the bench at tiny shapes"
-  python3 -m pytest tests/test_gguf_matmul.py -q -x -p no:cacheprovider -k "Q4_K and (gemv or mma) and not tiles"
+  python3 -m pytest -o addopts= tests/test_gguf_matmul.py -q -x -p no:cacheprovider -k "Q4_K and (gemv or mma) and not tiles"
   python3 scripts/gguf_bench.py --device cpu --shapes tiny --rows 1,3,20 --qtypes Q4_K,Q6_K --budget-s 20
   exit
 fi
@@ -25,7 +25,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 echo "=== 1. gpu tests"
 i=0
 for sel in "Q4_K or Q5_K" "Q6_K or Q8_0" "Q5_0 or Q4_0" "Q4_1 or Q5_1 or graph"; do
-  timeout 200 python3 -m pytest tests/test_gguf_matmul.py -q -m gpu -p no:cacheprovider -k "$sel" \
+  timeout 200 python3 -m pytest -o addopts= tests/test_gguf_matmul.py -q -m gpu -p no:cacheprovider -k "$sel" \
     > /tmp/gguf_tests_$i.log 2>&1 &
   i=$((i + 1))
 done

@@ -20,7 +20,7 @@ mark() { echo "$(date +%T) $*" >> "$R/progress"; }
 mark start
 i=0
 for sel in "Q4_K" "Q6_K" "Q5_K or Q8_0 or graph or silu" "Q5_0 or Q4_0 or Q4_1 or Q5_1"; do
-  timeout 150 python3 -m pytest tests/test_gguf_matmul.py -q -rf -m gpu -p no:cacheprovider -k "$sel" \
+  timeout 150 python3 -m pytest -o addopts= tests/test_gguf_matmul.py -q -rf -m gpu -p no:cacheprovider -k "$sel" \
     > "$R/tests_$i.log" 2>&1 &
   i=$((i + 1))
 done

@@ -17,7 +17,7 @@ device=cuda
 if [[ $device == cpu ]]; then
   export TRITON_INTERPRET=1
   echo "=== dry run: the super-block kernel's interpreter tests and the bench at tiny shapes"
-  python3 -m pytest tests/test_gguf_matmul.py -q -x -p no:cacheprovider -k "superblock and not gpu"
+  python3 -m pytest -o addopts= tests/test_gguf_matmul.py -q -x -p no:cacheprovider -k "superblock and not gpu"
   python3 scripts/gguf_bench.py --device cpu --shapes tiny --rows 20,64 --qtypes Q4_K,Q6_K --sweep-qtypes Q4_K,Q6_K \
     --budget-s 20
   exit
@@ -25,7 +25,7 @@ fi
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 echo "=== 1. gpu tests (super-block kernel)"
-timeout 200 python3 -m pytest tests/test_gguf_matmul.py -q -m gpu -p no:cacheprovider \
+timeout 200 python3 -m pytest -o addopts= tests/test_gguf_matmul.py -q -m gpu -p no:cacheprovider \
   -k "superblock or (real_shapes and (Q4_K or Q6_K)) or silu_mul" 2>&1 | grep -E "passed|failed|error|Error|assert" | tail -n 20
 echo "=== 2. speed vs dense bf16 at M = 64, 256 (1.5B shapes), sweeps of both types"
 timeout 300 python3 scripts/gguf_bench.py --device cuda --rows 64,256 --qtypes Q4_K,Q6_K --sweep-qtypes Q4_K,Q6_K \

@@ -31,7 +31,7 @@ staged $D
 mark staged
 # The admission shaping (scheduler prefill_fit) and the trace fields are GPU-path changes: the graph-padding GPU
 # tests and the acceptance gates (phase A of gpu_gates.sh, without its bench invariance jobs) first.
-timeout 200 python3 -m pytest -q -rfE -m gpu -p no:cacheprovider tests/test_graph_padding.py tests/test_decode_gpu.py \
+timeout 200 python3 -m pytest -o addopts= -q -rfE -m gpu -p no:cacheprovider tests/test_graph_padding.py tests/test_decode_gpu.py \
   > "$R/gpu_tests.log" 2>&1
 mark "gpu tests rc=$? $(tail -1 "$R/gpu_tests.log")"
 GATES_PHASE=A BUDGET_S=200 INV_BENCH=0 OUT=$R/gates timeout 240 scripts/gpu_gates.sh > "$R/gates.log" 2>&1

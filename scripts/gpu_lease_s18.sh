@@ -32,7 +32,7 @@ staged() {
 }
 mark start
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$R/gpu.txt" 2>&1
-timeout 200 python3 -m pytest -q -rfE -m gpu -p no:cacheprovider tests/test_graph_padding.py tests/test_decode_gpu.py \
+timeout 200 python3 -m pytest -o addopts= -q -rfE -m gpu -p no:cacheprovider tests/test_graph_padding.py tests/test_decode_gpu.py \
   > "$R/gpu_tests.log" 2>&1
 mark "gpu tests rc=$? $(tail -1 "$R/gpu_tests.log")"
 timeout 200 python3 scripts/step_ablation.py --model $M --batch-sizes 1 --context 1024 --query-len 1,4,8,16 \

@@ -30,7 +30,7 @@ staged() {
 }
 mark start
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$R/gpu.txt" 2>&1
-timeout 150 python3 -m pytest -q -rfE -m gpu -p no:cacheprovider tests/test_gguf_matmul.py -k "int8 or kquant_gemv" \
+timeout 150 python3 -m pytest -o addopts= -q -rfE -m gpu -p no:cacheprovider tests/test_gguf_matmul.py -k "int8 or kquant_gemv" \
   > "$R/gguf_int8_tests.log" 2>&1
 mark "gguf int8 tests rc=$? $(tail -1 "$R/gguf_int8_tests.log")"
 timeout 150 python3 scripts/gguf_bench.py --rows 1 --qtypes Q4_K,Q6_K --int8 --sweep-qtypes Q4_K,Q6_K --budget-s 60 \
@@ -39,7 +39,7 @@ mark "gguf bench int8 rc=$?"
 timeout 90 python3 scripts/gguf_bench.py --rows 1 --qtypes Q4_K,Q6_K --sweep-qtypes '' --json "$R/gguf_float.json" \
   > "$R/gguf_float.log" 2>&1
 mark "gguf bench float rc=$?"
-timeout 200 python3 -m pytest -q -rfE -m gpu -p no:cacheprovider tests/test_graph_padding.py tests/test_decode_gpu.py \
+timeout 200 python3 -m pytest -o addopts= -q -rfE -m gpu -p no:cacheprovider tests/test_graph_padding.py tests/test_decode_gpu.py \
   > "$R/gpu_tests.log" 2>&1
 mark "gpu tests rc=$? $(tail -1 "$R/gpu_tests.log")"
 timeout 200 python3 scripts/step_ablation.py --model $M --batch-sizes 1 --context 1024 --query-len 1,4,8,16 \

@@ -15,11 +15,11 @@ until [ -f /tmp/models/qwen2.5-coder-0.5b-instruct.gguf.ok ]; do
 done
 mark staged
 sel=(tests/test_real_model_spec.py -k "parity")
-timeout 200 python3 -m pytest -v -rfE --tb=short -m gpu -p no:cacheprovider "${sel[@]}" > "$R/parity_fixed.log" 2>&1
+timeout 200 python3 -m pytest -o addopts= -v -rfE --tb=short -m gpu -p no:cacheprovider "${sel[@]}" > "$R/parity_fixed.log" 2>&1
 mark "parity fixed rc=$? $(tail -1 "$R/parity_fixed.log")"
 if [ -f old_graphs.py ]; then
   cp old_graphs.py verispec/worker/graphs.py
-  timeout 200 python3 -m pytest -v -rfE --tb=short -m gpu -p no:cacheprovider "${sel[@]}" > "$R/parity_old.log" 2>&1
+  timeout 200 python3 -m pytest -o addopts= -v -rfE --tb=short -m gpu -p no:cacheprovider "${sel[@]}" > "$R/parity_old.log" 2>&1
   mark "parity old rc=$? $(tail -1 "$R/parity_old.log")"
 fi
 mark end

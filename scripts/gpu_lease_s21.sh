@@ -23,7 +23,7 @@ staged() {
 }
 mark start
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$R/gpu.txt" 2>&1
-timeout 240 python3 -m pytest -q -rfE -m gpu -p no:cacheprovider tests/test_gguf_gemv.py tests/test_gguf_matmul.py \
+timeout 240 python3 -m pytest -o addopts= -q -rfE -m gpu -p no:cacheprovider tests/test_gguf_gemv.py tests/test_gguf_matmul.py \
   > "$R/gguf_tests.log" 2>&1
 mark "gguf gpu tests rc=$? $(tail -1 "$R/gguf_tests.log")"
 timeout 200 python3 scripts/gguf_bench.py --rows 1 --qtypes Q4_K --sweep-qtypes Q4_K --budget-s 100 \
@@ -49,7 +49,7 @@ if staged $M; then
 fi
 if staged $D; then
   sel=(tests/test_real_model_spec.py -k "parity")
-  timeout 200 python3 -m pytest -v -rfE --tb=short -m gpu -p no:cacheprovider "${sel[@]}" > "$R/parity_fixed.log" 2>&1
+  timeout 200 python3 -m pytest -o addopts= -v -rfE --tb=short -m gpu -p no:cacheprovider "${sel[@]}" > "$R/parity_fixed.log" 2>&1
   mark "parity fixed rc=$? $(tail -1 "$R/parity_fixed.log")"
 fi
 mark end

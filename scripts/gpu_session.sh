@@ -78,7 +78,7 @@ tests_stage() {
   grep -l "mark.gpu\|gpu_gate" tests/test_*.py | grep -v -e test_faults -e test_real_model_spec -e test_spec_decode \
     -e test_batch_invariance -e test_gemma3_gpu -e test_sliding_window -e test_structured_gpu \
     | xargs -P "${TEST_PAR:-2}" -I{} sh -c \
-    'f={}; timeout 300 python3 -m pytest "$f" -q -rf -m "gpu or gpu_gate" -p no:cacheprovider \
+    'f={}; timeout 300 python3 -m pytest -o addopts= "$f" -q -rf -m "gpu or gpu_gate" -p no:cacheprovider \
        --continue-on-collection-errors > "$0/tests/$(basename "$f" .py).log" 2>&1; echo "rc=$?" >> "$0/tests/$(basename "$f" .py).log"' "$R"
   for f in "$R"/tests/*.log; do echo "$(basename "$f"): $(grep -E "passed|failed|error|skipped" "$f" | tail -1) $(tail -1 "$f")"; done \
     > "$R/pytest_gpu.txt"

@@ -43,6 +43,6 @@ print("must-show (every cell >= 0.98x):", "met" if not bad else f"missed at {bad
 EOF
 if [ "${GATES:-0}" = 1 ]; then  # optional, ~1-2 min more: the draft model's catch-up graphs on the real 0.5B
   echo "=== gpu gates: draft_model / self cells (captured catch-up graphs, float32)"
-  timeout 300 python3 -m pytest -m gpu tests/test_real_model_spec.py tests/test_spec_decode.py -q -x \
+  timeout 300 python3 -m pytest -o addopts= -m gpu tests/test_real_model_spec.py tests/test_spec_decode.py -q -x \
     -k "draft_model or self or catch_up" 2>&1 | tail -n 5
 fi

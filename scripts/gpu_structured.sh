@@ -59,7 +59,7 @@ fi
 
 if [ "${SKIP_TESTS:-0}" != 1 ]; then  # SKIP_TESTS=1: the bench only (the CPU dry run of the test takes ~12 min)
   say "test_structured_gpu"
-  timeout 300 python3 -m pytest tests/test_structured_gpu.py -q -rf -m "gpu or gpu_gate" -p no:cacheprovider \
+  timeout 300 python3 -m pytest -o addopts= tests/test_structured_gpu.py -q -rf -m "gpu or gpu_gate" -p no:cacheprovider \
     "${GATE[@]}" > "$R/test_structured_gpu.log" 2>&1
   say "test_structured_gpu rc=$?: $(grep -E "passed|failed|error" "$R/test_structured_gpu.log" | tail -1)"
 fi

@@ -41,10 +41,10 @@ ABL=(python3 scripts/step_ablation.py --model $M --context 1024 --rounds 5 --rep
 
 if [[ $DEVICE == cpu ]]; then
   BUDGET_S=${BUDGET_S:-900}
-  step cpu_kernels 600 python3 -m pytest -q tests/test_small_m.py
+  step cpu_kernels 600 python3 -m pytest -o addopts= -q tests/test_small_m.py
   step compile_sm90 300 python3 scripts/compile_check.py  # the kernels compiled for the H200 (no GPU needed)
-  step collect 120 python3 -m pytest -q --co -m gpu tests/test_small_m.py
-  step collect_decode 120 python3 -m pytest -q --co -m gpu tests/test_decode_gpu.py -k "small-m or one_row"
+  step collect 120 python3 -m pytest -o addopts= -q --co -m gpu tests/test_small_m.py
+  step collect_decode 120 python3 -m pytest -o addopts= -q --co -m gpu tests/test_decode_gpu.py -k "small-m or one_row"
   step variants 120 python3 -c "
 import sys; sys.path.insert(0, 'scripts'); sys.path.insert(0, 'tests')
 import step_ablation as s
@@ -64,11 +64,11 @@ BUDGET_S=${BUDGET_S:-180}
 TAIL=20 step ratio 110 "${ABL[@]}" --batch-sizes 1 --query-len 1,4,8,16 --variants base,small-m=16
 # 2. The kernels against torch float32 references (odd sizes, bf16; the 1.5B's down_proj and LM head), and
 #    CUDA-graph replays of small-M steps (2-layer random model) equal to eager, close to the default path.
-step kernels 70 python3 -m pytest -q -m gpu tests/test_small_m.py
+step kernels 70 python3 -m pytest -o addopts= -q -m gpu tests/test_small_m.py
 # 3. The real 0.5B: verify rows (2, 5, 16 queries) on the small-M path vs the torch path, and the one-row
 #    decode path (refactored into DecoderLayer._forward_fused) unchanged.
 step pull 30 "${CLI[@]}" pull $D  # adopts /tmp/models' file (VERISPEC_STAGE_CACHE), as gpu_gates.sh
-step decode_gpu 45 python3 -m pytest -q -m gpu tests/test_decode_gpu.py -k "small-m or one_row"
+step decode_gpu 45 python3 -m pytest -o addopts= -q -m gpu tests/test_decode_gpu.py -k "small-m or one_row"
 # 4. Only with a larger BUDGET_S (400): small batched decode (2..16 sequences also take the path),
 #    the per-layer kernels (small-M vs one-row GEMV vs cuBLAS), the per-kernel profile of an 8-token verify.
 step batched 40 "${ABL[@]}" --batch-sizes 4,16 --query-len 1 --variants base,small-m=16
