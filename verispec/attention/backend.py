@@ -42,7 +42,7 @@ class AttentionBackend:
     # ---- metadata ----------------------------------------------------------------------------
     def prepare_metadata(self, query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]],
                          block_size: int, device, causal: bool = True,
-                         kv_starts: list[int] | None = None) -> dict[str, torch.Tensor]:
+                         kv_starts: list[int] | None = None) -> dict[str, torch.Tensor | bool]:
         """This backend's fields of a step's AttentionMetadata, from the host lists (none here)."""
         return {}
 

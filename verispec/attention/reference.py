@@ -19,9 +19,10 @@ from verispec.core.attention_metadata import AttentionMetadata
 def build_reference_indices(
     query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]], block_size: int, device,
     causal: bool = True, kv_starts: list[int] | None = None,
-) -> dict[str, torch.Tensor]:
+) -> dict[str, torch.Tensor | bool]:
     """Host-side construction of the padded gather indices used by the reference backend
-    (causal and kv_starts as AttentionMetadata.causal / kv_start)."""
+    (causal and kv_starts as AttentionMetadata.causal / kv_start), and two host flags of the step's
+    shape (ref_unpadded, ref_all_visible: see AttentionMetadata)."""
     num_seqs = len(query_lens)
     max_q = max(query_lens)
     max_l = max(seq_lens)
@@ -45,7 +46,14 @@ def build_reference_indices(
         mask[b, 0, ql:, 0] = True  # padded query rows attend to one key so softmax stays finite
         offset += ql
     out = dict(kv_gather_idx=kv_idx, q_pad_idx=q_pad, q_unpad_idx=q_unpad, attn_mask=mask, q_positions=q_pos)
-    return {k: v.to(device, non_blocking=True) for k, v in out.items()}
+    moved: dict = {k: v.to(device, non_blocking=True) for k, v in out.items()}
+    # Host facts that let reference_attention skip work (the tensors above stay the definition):
+    # no sequence has fewer queries than the longest (q is already the [B, Q] grid), and every query
+    # sees every one of its row's L keys (one query per sequence at the full length, none hidden).
+    moved["ref_unpadded"] = all(ql == max_q for ql in query_lens)
+    moved["ref_all_visible"] = moved["ref_unpadded"] and all(sl == max_l for sl in seq_lens) \
+        and (max_q == 1 or not causal) and not any(kv_starts or ())
+    return moved
 
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -65,21 +73,25 @@ def reference_attention(
     position p sees no key at a position <= p - window (a sliding-window layer)."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = kv_cache.shape[2]
-    q_ext = torch.cat([q, q.new_zeros(1, num_heads, head_dim)])
-    qp = q_ext[meta.q_pad_idx].transpose(1, 2)  # [B, H, Q, D]
+    batch, max_q = meta.q_pad_idx.shape
+    if meta.ref_unpadded:  # the gather through q_pad_idx would be the identity
+        qp = q.view(batch, max_q, num_heads, head_dim).transpose(1, 2)  # [B, H, Q, D]
+    else:
+        q_ext = torch.cat([q, q.new_zeros(1, num_heads, head_dim)])
+        qp = q_ext[meta.q_pad_idx].transpose(1, 2)
     k = kv_cache[0][meta.kv_gather_idx].transpose(1, 2)  # [B, KH, L, D]
     v = kv_cache[1][meta.kv_gather_idx].transpose(1, 2)
-    if num_kv_heads != num_heads:
-        rep = num_heads // num_kv_heads
-        k = k.repeat_interleave(rep, dim=1)
-        v = v.repeat_interleave(rep, dim=1)
     mask = meta.attn_mask
     if window > 0:
         kpos = torch.arange(mask.shape[-1], device=mask.device)
         mask = mask & (kpos > meta.q_positions - window)
-    out = F.scaled_dot_product_attention(qp, k, v, attn_mask=mask, scale=scale)
+    elif meta.ref_all_visible:  # an all-True mask: the same result, without reading it
+        mask = None
+    # enable_gqa: each group of query heads reads its K/V head in place (the same sums as repeating K/V).
+    out = F.scaled_dot_product_attention(qp, k, v, attn_mask=mask, scale=scale,
+                                         enable_gqa=num_kv_heads != num_heads)
     out = out.transpose(1, 2).reshape(-1, num_heads, head_dim)  # [B*Q, H, D]
-    return out[meta.q_unpad_idx]
+    return out if meta.ref_unpadded else out[meta.q_unpad_idx]
 
 
 class ReferenceBackend(AttentionBackend):

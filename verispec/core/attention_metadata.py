@@ -29,3 +29,6 @@ class AttentionMetadata:
     q_unpad_idx: torch.Tensor | None = None  # [T] long index into the flattened [B*Q]
     attn_mask: torch.Tensor | None = None  # [B, 1, Q, L] bool, True = may attend
     q_positions: torch.Tensor | None = None  # [B, 1, Q, 1] long query positions (padding -> 0), for windows
+    # Host facts of the same step (build_reference_indices), which let the reference skip identity gathers:
+    ref_unpadded: bool = False  # every sequence has Q queries: q_pad_idx is arange(T).view(B, Q)
+    ref_all_visible: bool = False  # and attn_mask is all True (one query each at the full length L)

@@ -155,7 +155,7 @@ class ModelRunner:
         ph = (pos_t, src_t, flat) if ph_pos else None
         return _DeviceInputs(ids_ext[: plan.num_tokens], ids_ext, positions, meta, rows, drafts_at, row_idx), ph
 
-    def _reference_indices(self, hb: HostBatch) -> dict[str, torch.Tensor]:
+    def _reference_indices(self, hb: HostBatch) -> dict[str, torch.Tensor | bool]:
         backend = self.model.attn_backend
         if not backend.needs_reference_indices:
             return {}
