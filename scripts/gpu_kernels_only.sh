@@ -11,7 +11,7 @@ git log -1 --format=%h > "$R/commit.txt" 2>/dev/null
 timeout 150 python3 -m pytest -o addopts= -q -rfE -m gpu -p no:cacheprovider tests/test_gguf_gemv.py tests/test_gguf_matmul.py \
   > "$R/gguf_tests.log" 2>&1
 echo "gguf gpu tests rc=$? $(tail -1 "$R/gguf_tests.log")"
-timeout 100 python3 scripts/gguf_bench.py --rows 1 --qtypes Q4_K --sweep-qtypes Q4_K --budget-s 30 \
+timeout 100 python3 scripts/gguf_bench.py --gemv1 --rows 1 --qtypes Q4_K --sweep-qtypes Q4_K --budget-s 30 \
   --json "$R/gguf_gemv1.json" > "$R/gguf_gemv1.log" 2>&1
 echo "gguf bench gemv1 rc=$?"
 timeout 60 python3 scripts/gguf_bench.py --rows 1 --qtypes Q4_K,Q6_K --sweep-qtypes '' --no-gemv1 \

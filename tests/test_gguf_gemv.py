@@ -15,6 +15,7 @@ from verispec.kernels import gguf_matmul as gm
 from verispec.kernels.gguf_gemv import q4k_gemv1_config
 
 Q4 = int(T.Q4_K)
+ON = KernelOptions(gguf_gemv1=True)  # the one-row kernel (off by default since its GPU test failed)
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
@@ -70,15 +71,15 @@ def test_the_ulp_check_can_fail():
 
 
 def test_dispatch_takes_it_for_one_bf16_row_of_q4k_only():
-    """linear_plan gives one row of Q4_K the kernel (KernelOptions.gguf_gemv1, default on); Q6_K, more rows,
-    the int8 option and gguf_gemv1=False keep the others; a float32 x falls back to the float GEMV (its
-    1e-5 accuracy, which bfloat16 output could not show)."""
-    kernel, cfg = gm.linear_plan(1, 2048, 1536, Q4)
+    """linear_plan gives one row of Q4_K the kernel with KernelOptions.gguf_gemv1 (default off: it failed
+    its GPU test); Q6_K, more rows, the int8 option and the default keep the others; a float32 x falls back
+    to the float GEMV (its 1e-5 accuracy, which bfloat16 output could not show)."""
+    kernel, cfg = gm.linear_plan(1, 2048, 1536, Q4, ON)
     assert kernel == "gemv" and cfg["ONE_ROW"] == 1
-    assert "ONE_ROW" not in gm.linear_plan(1, 2048, 1536, Q4, KernelOptions(gguf_gemv1=False))[1]
-    assert "ONE_ROW" not in gm.linear_plan(1, 2048, 1536, Q4, KernelOptions(gguf_int8_gemv=True))[1]
-    assert "ONE_ROW" not in gm.linear_plan(1, 2048, 1536, int(T.Q6_K))[1]
-    assert gm.linear_plan(2, 2048, 1536, Q4)[0] == "mma"
+    assert "ONE_ROW" not in gm.linear_plan(1, 2048, 1536, Q4)[1]
+    assert "ONE_ROW" not in gm.linear_plan(1, 2048, 1536, Q4, KernelOptions(gguf_gemv1=True, gguf_int8_gemv=True))[1]
+    assert "ONE_ROW" not in gm.linear_plan(1, 2048, 1536, int(T.Q6_K), ON)[1]
+    assert gm.linear_plan(2, 2048, 1536, Q4, ON)[0] == "mma"
     w = gm.random_weight(Q4, 21, 512, seed=5)
     x = torch.randn(1, 512, generator=torch.Generator().manual_seed(6))
     out = one_row(x, w)
@@ -102,5 +103,5 @@ def test_gpu_one_row_at_real_shapes(n, k, silu):
     one ulp of the exact dot, through gguf_linear's own dispatch."""
     w = gm.random_weight(Q4, 2 * n if silu else n, k, seed=n, device="cuda")
     x = bf16(1, k, seed=k, device="cuda")
-    assert gm.linear_plan(1, n, k, Q4)[1].get("ONE_ROW") == 1
-    within_one_ulp(gm.gguf_linear(x, w, silu_mul=silu), exact(x, w, None, silu))
+    assert gm.linear_plan(1, n, k, Q4, ON)[1].get("ONE_ROW") == 1
+    within_one_ulp(gm.gguf_linear(x, w, silu_mul=silu, options=ON), exact(x, w, None, silu))

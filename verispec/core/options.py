@@ -60,8 +60,10 @@ class KernelOptions:
     gguf_int8_gemv: bool = False
     # GGUF weights, one row of Q4_K with bfloat16 x: kernels/gguf_gemv.py's GEMV (a few full-rate instructions a
     # weight, one reduction after the loop) instead of gguf_matmul's super-block GEMV (~43 instructions a
-    # weight in offline sm_90 SASS). False: the old kernel, for the A/B (`verispec bench profile --no-gguf-gemv1`).
-    gguf_gemv1: bool = True
+    # weight in offline sm_90 SASS). Off: on the H100 (2026-12-07, BENCHMARKS "Session 24") its compiled
+    # form failed its one-ulp test at 5 of 6 real shapes (up to 75 ulp) while the CPU interpreter passes, and
+    # its default tiles were no faster than the old kernel. True: the kernel, to debug and A/B it.
+    gguf_gemv1: bool = False
 
     # CUDA graphs (worker/graphs.py): stage a replay's inputs (and fill its placeholders) with one
     # kernel; False: the torch copies and fills (session 6: the kernel won at batch 1 and in host
