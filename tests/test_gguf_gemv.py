@@ -1,8 +1,14 @@
 """The one-row Q4_K GEMV (kernels/gguf_gemv.py) against the float64 dot of the same bfloat16 x with
-loader/dequant.py's weights: every output within one bfloat16 ulp of the exact value (the interpreter rounds
-to bfloat16 toward zero, the GPU to nearest; the float32 sums and the kernel's folded dequant constant add far
-less). Triton's interpreter on CPU at small odd shapes, compiled at the 1.5B's shapes on CUDA; and the
-dispatch: which calls take it."""
+loader/dequant.py's weights, within a bound from the kernel's float32 arithmetic (within_bound): one bfloat16
+ulp of the output's rounding plus the error of its folded dequant constant and of float32 sums. Triton's
+interpreter on CPU at small odd shapes, compiled at the 1.5B's shapes on CUDA; and the dispatch: which calls
+take it.
+
+Session 24's GPU run failed a bound of one ulp alone at the 1.5B's shapes (17.8 ulp at 2048x1536, 75 at the LM
+head): outputs near zero, where one ulp is far below the float32 error of a dot of 1536 products. A float32
+emulation of the kernel's weights (the folded constant rounded as the kernel rounds it) reproduces those
+figures on the CPU (test_the_float32_error_exceeds_one_ulp_near_zero), so the bound was wrong, not the
+arithmetic."""
 
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ from gguf.constants import GGMLQuantizationType as T
 from verispec.core.options import KernelOptions
 from verispec.kernels import gguf_matmul as gm
 from verispec.kernels.gguf_gemv import q4k_gemv1_config
+from verispec.loader.dequant import quants
 
 Q4 = int(T.Q4_K)
 ON = KernelOptions(gguf_gemv1=True)  # the one-row kernel (off by default since its GPU test failed)
@@ -29,14 +36,57 @@ def exact(x: torch.Tensor, w: gm.GGUFWeight, bias: torch.Tensor | None, silu_mul
     return y
 
 
-def within_one_ulp(out: torch.Tensor, ref: torch.Tensor) -> None:
-    """|out - ref| <= one bfloat16 ulp at |ref| (2^(exponent - 7)) for every element."""
-    assert out.dtype == torch.bfloat16 and out.shape == ref.shape and out.isfinite().all()
-    mag = ref.abs().clamp_min(2.0 ** -60)
-    ulp = torch.exp2(torch.floor(torch.log2(mag)) - 7)
-    err = (out.double() - ref).abs()
-    worst = (err / ulp).max().item()
-    assert worst <= 1.0, f"worst error {worst:.3f} ulp"
+U = 2.0 ** -24  # float32 unit roundoff
+
+
+def _ulp(mag: torch.Tensor) -> torch.Tensor:
+    """One bfloat16 ulp at |value| mag: 2^(exponent - 7)."""
+    return torch.exp2(torch.floor(torch.log2(mag.clamp_min(2.0 ** -60))) - 7)
+
+
+def dot_error_bound(x: torch.Tensor, w: gm.GGUFWeight) -> tuple[torch.Tensor, torch.Tensor]:
+    """(exact float64 x @ dequant(w)^T, a bound on the kernel's float32 error of each output) [1, N].
+
+    Per weight, the kernel folds d sc q - dmin m into f a + c with f = 1 + q / 2^p (p = 11 for a 64-chunk's
+    low nibbles, the first 32 elements, 7 for its high ones), a = 2^p d sc, c = -(a + dmin m): c rounds to
+    float32 (<= U (a + dmin m)) and the FMA's weight once more (<= U |w|). The sums: each accumulator lane
+    chains 8 products a step over K / (32 SB) steps and the lanes (32 SB a row, SB <= 8) are then reduced,
+    so no product passes more than D = K / 32 + 256 roundings: <= D U / (1 - D U) of sum |x w| (Higham's
+    gamma_D)."""
+    q, scale, bias = quants(w.blocks.reshape(-1).cpu(), Q4, tuple(w.shape))
+    n, k = q.shape
+    group = torch.arange(k) // 32
+    p = torch.where(torch.arange(k) % 64 < 32, 2.0 ** 11, 2.0 ** 7).double()
+    s, b = scale.double()[:, group], bias.double()[:, group]
+    wd = w.dequantize().double().cpu()
+    ax = x.double().abs().cpu()
+    d = k / 32 + 256
+    per_weight = U * (p * s + b.abs()) + U * wd.abs()
+    bound = ax @ per_weight.T + (d * U / (1 - d * U)) * (ax @ wd.abs().T)
+    return (x.double().cpu() @ wd.T), bound
+
+
+def within_bound(out: torch.Tensor, x: torch.Tensor, w: gm.GGUFWeight, bias: torch.Tensor | None,
+                 silu_mul: bool) -> None:
+    """|out - exact| <= E + one bfloat16 ulp at |exact| + E, for every output: E is dot_error_bound's
+    (carried through the bias's float32 add, or through SiLU-and-mul: |silu'| <= 1.1, and a few roundings
+    of the float32 epilogue); the ulp covers the rounding to bfloat16, to nearest (GPU) or toward zero (the
+    interpreter)."""
+    assert out.dtype == torch.bfloat16 and out.isfinite().all()
+    y, e = dot_error_bound(x, w)
+    if silu_mul:
+        h = w.shape[0] // 2
+        g, up, eg, eu = y[:, :h], y[:, h:], e[:, :h], e[:, h:]
+        sg = torch.nn.functional.silu(g)
+        ref = sg * up
+        e = 1.1 * eg * (up.abs() + eu) + (sg.abs() + 1.1 * eg) * eu + 8 * U * ref.abs()
+    else:
+        ref = y + (bias.double().cpu() if bias is not None else 0.0)
+        e = e + 2 * U * ref.abs()
+    assert out.shape == ref.shape
+    err = (out.double().cpu() - ref).abs()
+    worst = (err / (e + _ulp(ref.abs() + e))).max().item()
+    assert worst <= 1.0, f"worst error {worst:.3f} of the bound"
 
 
 def one_row(x, w, bias=None, silu_mul=False, **tiles):
@@ -54,20 +104,67 @@ def bf16(*shape, seed: int, device: str = "cpu") -> torch.Tensor:
     (32, 512, dict(BLOCK_N=16, SB=2, num_warps=4), True, False),   # no masks; [gate; up]
     (24, 1280, dict(BLOCK_N=8, SB=4, num_warps=4), True, False),   # 5 super-blocks: a masked last step
 ])
-def test_one_row_is_within_one_ulp_of_the_exact_dot(n, k, tiles, silu, bias):
+def test_one_row_is_within_the_float32_bound_of_the_exact_dot(n, k, tiles, silu, bias):
     w = gm.random_weight(Q4, 2 * n if silu else n, k, seed=n + k)
     x = bf16(1, k, seed=k)
     b = bf16(n, seed=n) if bias else None
-    within_one_ulp(one_row(x, w, b, silu, **tiles), exact(x, w, b, silu))
+    within_bound(one_row(x, w, b, silu, **tiles), x, w, b, silu)
+
+
+def folded_weights(w: gm.GGUFWeight) -> torch.Tensor:
+    """The weights as the kernel computes them, emulated on the CPU: fl32(f a + fl32(-(a + dmin m))) (the
+    FMA rounds once; f a and the sum are exact in float64 here)."""
+    q, scale, bias = quants(w.blocks.reshape(-1).cpu(), Q4, tuple(w.shape))
+    k = q.shape[1]
+    group = torch.arange(k) // 32
+    p = torch.where(torch.arange(k) % 64 < 32, 2.0 ** 11, 2.0 ** 7).double()
+    a = p * scale.double()[:, group]
+    c = (bias.double()[:, group] - a).float().double()
+    return ((1 + q.double() / p) * a + c).float()
+
+
+def test_the_float32_error_exceeds_one_ulp_near_zero():
+    """At the 1.5B's qkv shape the emulated kernel (folded weights, float32 sums) is 17.8 ulp from the exact
+    dot at its worst output, as the compiled kernel was in session 24, yet within the bound; a bound of one
+    ulp alone cannot hold there."""
+    w = gm.random_weight(Q4, 2048, 1536, seed=2048)
+    x = bf16(1, 1536, seed=1536)
+    ref = exact(x, w, None, False)
+    out = (x.float() @ folded_weights(w).T).to(torch.bfloat16)
+    worst_ulp = ((out.double() - ref).abs() / _ulp(ref.abs())).max().item()
+    assert worst_ulp > 10.0, worst_ulp
+    within_bound(out, x, w, None, False)
+
+
+def test_the_bound_catches_one_sub_block_one_step_off():
+    """Every weight of one sub-block one quantization step off (d sc, the row's largest step, toward x's sign,
+    so that the errors add up), in each of 8 rows: each of those outputs breaks the bound; the others stay
+    within it."""
+    w = gm.random_weight(Q4, 64, 1536, seed=3)
+    x = bf16(1, 1536, seed=4)
+    _, scale, _ = quants(w.blocks.reshape(-1), Q4, tuple(w.shape))
+    wf = folded_weights(w)
+    rows = torch.arange(0, 64, 8)
+    for r in rows.tolist():
+        g = int(scale[r].abs().argmax())
+        wf[r, 32 * g : 32 * g + 32] += scale[r, g].abs() * x[0, 32 * g : 32 * g + 32].float().sign()
+    out = (x.float() @ wf.T).to(torch.bfloat16)
+    y, e = dot_error_bound(x, w)
+    err = (out.double() - y).abs()
+    ratio = (err / (e + _ulp(y.abs() + e)))[0]
+    assert (ratio[rows] > 1.0).all(), ratio[rows]
+    keep = torch.ones(64, dtype=torch.bool)
+    keep[rows] = False
+    assert (ratio[keep] <= 1.0).all()
 
 
 def test_the_ulp_check_can_fail():
-    """A weight read one sub-block off (another weight's sums) is far outside one ulp."""
+    """Another weight's outputs are far outside the bound."""
     w = gm.random_weight(Q4, 16, 512, seed=1)
     other = gm.random_weight(Q4, 16, 512, seed=2)
     x = bf16(1, 512, seed=3)
-    with pytest.raises(AssertionError, match="ulp"):
-        within_one_ulp(one_row(x, other), exact(x, w, None, False))
+    with pytest.raises(AssertionError, match="of the bound"):
+        within_bound(one_row(x, other), x, w, None, False)
 
 
 def test_dispatch_takes_it_for_one_bf16_row_of_q4k_only():
@@ -88,10 +185,11 @@ def test_dispatch_takes_it_for_one_bf16_row_of_q4k_only():
 
 
 def test_default_tiles():
-    """SB 2 where it divides a row of at most 8 super-blocks (no masks at K = 1536), else 8; 128 threads of
-    4 SB a row."""
-    assert q4k_gemv1_config(2048, 1536) == dict(BLOCK_N=16, SB=2, num_warps=4)
+    """SB 8, 4 rows of 4 warps below 16,384 rows; SB 1, 16 rows of 2 warps from there on (session 24's sweep)."""
+    assert q4k_gemv1_config(2048, 1536) == dict(BLOCK_N=4, SB=8, num_warps=4)
     assert q4k_gemv1_config(1536, 8960) == dict(BLOCK_N=4, SB=8, num_warps=4)
+    assert q4k_gemv1_config(16383, 1536) == dict(BLOCK_N=4, SB=8, num_warps=4)
+    assert q4k_gemv1_config(17920, 1536) == dict(BLOCK_N=16, SB=1, num_warps=2)
 
 
 @pytest.mark.gpu
@@ -100,8 +198,8 @@ def test_default_tiles():
                                       (1536, 8960, False), (151936, 1536, False), (1000, 2304, False)])
 def test_gpu_one_row_at_real_shapes(n, k, silu):
     """Compiled (inline PTX), the 1.5B's qkv, o, gate_up, down and LM head shapes and an odd one: within
-    one ulp of the exact dot, through gguf_linear's own dispatch."""
+    the float32 bound of the exact dot, through gguf_linear's own dispatch."""
     w = gm.random_weight(Q4, 2 * n if silu else n, k, seed=n, device="cuda")
     x = bf16(1, k, seed=k, device="cuda")
     assert gm.linear_plan(1, n, k, Q4, ON)[1].get("ONE_ROW") == 1
-    within_one_ulp(gm.gguf_linear(x, w, silu_mul=silu, options=ON), exact(x, w, None, silu))
+    within_bound(gm.gguf_linear(x, w, silu_mul=silu, options=ON), x, w, None, silu)

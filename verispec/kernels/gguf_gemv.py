@@ -13,9 +13,12 @@ This one keeps the work per element to a handful of full-rate instructions:
   * the weight d sc q - dmin m by one FMA per element, then one FMA into an elementwise accumulator that is
     reduced once, after the loop (no shuffles inside it);
   * the next step's bytes requested before the current ones are used (the first ones before the PDL wait).
-Products and sums are float32, the result rounded once to x's dtype. The dequantized weights are
-bit-identical to loader/dequant.py's (every scale x quant product is exact in float32); the sums' order differs
-from the reference's, so results agree to float32 rounding, not bit for bit.
+Products and sums are float32, the result rounded once to x's dtype. The weights are not bit-identical to
+loader/dequant.py's: the folded constant -(2^p d sc + dmin m) rounds to float32, up to 2^-13 d sc off for the
+low nibbles (about 2^-16 of a typical weight), the same for the 32 weights of a sub-block. Near an output of
+zero that error is many bfloat16 ulps of the output (17.8 at the qkv shape, 75 at the LM head's worst of 151,936
+outputs: session 24); tests/test_gguf_gemv.py bounds it from this arithmetic (dot_error_bound). Computing the
+weights exactly would cost one more float op each.
 """
 
 from __future__ import annotations
@@ -182,10 +185,11 @@ def q4k_gemv1_kernel(x64_ptr, w32_ptr, b_ptr, out_ptr, N, K: tl.constexpr, HAS_B
 
 
 def q4k_gemv1_config(n: int, k: int) -> dict:
-    """Tiles of q4k_gemv1_kernel for an [n, k] Q4_K weight: SB super-blocks a step (4 chunk threads each,
-    so 4 SB threads a row), BLOCK_N = 128 threads / (4 SB) rows a program; SB 8 (at most one masked step)
-    unless the row has few super-blocks, whose count a smaller SB then divides. (First guesses, from the
-    instruction counts of offline sm_90 SASS: scripts/gguf_bench.py --gemv1 sweeps them on the GPU.)"""
-    nsb = k // 256
-    sb = 2 if nsb % 2 == 0 and nsb <= 8 else 8
-    return dict(BLOCK_N=128 // (4 * sb), SB=sb, num_warps=4)
+    """Tiles of q4k_gemv1_kernel for an [n, k] Q4_K weight: SB super-blocks a step (4 chunk threads each, so
+    4 SB threads a row), BLOCK_N rows a program. From session 24's sweep on an H100 (docs/BENCHMARKS.md): below
+    16,384 rows, SB 8 and 4 rows a program of 4 warps (o 2.9 us, down 10.6, each within 3% of the best tile);
+    from there on, where there are programs enough, SB 1 and 16 rows a program of 2 warps (gate_up 12.5 us,
+    the best; LM head 88.7, 7% over the best)."""
+    if n >= 16384:
+        return dict(BLOCK_N=16, SB=1, num_warps=2)
+    return dict(BLOCK_N=4, SB=8, num_warps=4)
