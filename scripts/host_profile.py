@@ -98,6 +98,8 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=200)
     ap.add_argument("--cases", default="none,ngram,draft_model")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--pattern", type=int, default=0,
+                    help="prompts that repeat a random pattern of this many ids (ngram then finds drafts); 0: random")
     ap.add_argument("--pin-k", type=int, default=0,
                     help="plan this many drafts every step instead of none (the host work of a speculative step)")
     ap.add_argument("--random-weights", action="store_true",
@@ -108,7 +110,11 @@ def main() -> None:
     bm = load_bench_model(BenchSetup(EngineConfig(model=args.model, device=args.device),
                                      random_weights=args.random_weights, model_overrides=args.model_overrides))
     rng = random.Random(0)
-    prompts = [[rng.randrange(1000, 30000) for _ in range(args.prompt_len)] for _ in range(args.batch)]
+    if args.pattern:
+        pats = [[rng.randrange(1000, 30000) for _ in range(args.pattern)] for _ in range(args.batch)]
+        prompts = [(p * (args.prompt_len // args.pattern + 1))[: args.prompt_len] for p in pats]
+    else:
+        prompts = [[rng.randrange(1000, 30000) for _ in range(args.prompt_len)] for _ in range(args.batch)]
     cases = [c for c in args.cases.split(",") if c != "draft_model" or args.draft_model]
     draft = load_draft(bm, args.draft_model, args.model_overrides) if "draft_model" in cases else None
     profiles: dict[str, dict[str, float]] = {}
@@ -123,13 +129,16 @@ def main() -> None:
             sync(bm.device)
             walls.append(1e3 * (time.perf_counter() - t0) / args.steps)
         prof = cProfile.Profile()
+        before = (eng.spec.num_drafts, eng.spec.num_draft_tokens)
         prof.enable()
         for _ in range(args.steps):
             eng.step()
         prof.disable()
         profiles[case] = own_times(prof, args.steps)
+        rows, drafts = eng.spec.num_drafts - before[0], eng.spec.num_draft_tokens - before[1]
         print(f"{case:12} batch {args.batch}: {statistics.median(walls):.3f} ms a step (rounds {walls}); "
-              f"profiled own time {sum(profiles[case].values()) / 1e3:.3f} ms a step", flush=True)
+              f"profiled own time {sum(profiles[case].values()) / 1e3:.3f} ms a step; profiled steps verified "
+              f"{drafts} drafts in {rows} rows", flush=True)
         del eng
     base = profiles.get("none", {})
     for case in cases:

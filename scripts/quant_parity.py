@@ -2,7 +2,7 @@
 teacher-forced argmax agreement and the worst relative logits error (one line each), plus weight memory.
 
 usage: PYTHONPATH=$PWD python3 scripts/quant_parity.py MODEL [--device cuda] [--dtype auto] [--tokens 64]
-       [--prompts 8] [--gguf-int8-gemv] [--batch1]   (the reference: quantization="none" in --dtype; float32 on CPU, bf16 on
+       [--prompts 8] [--gguf-int8-gemv] [--gguf-gemv1] [--batch1]   (the reference: quantization="none" in --dtype; float32 on CPU, bf16 on
        CUDA; --gguf-int8-gemv: the gguf engine's one-row Q4_K / Q6_K layers on the integer-dot GEMV, which its
        greedy decode steps take; the teacher-forced logits come from prefill rows, which do not)
 """
@@ -49,6 +49,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--gguf-int8-gemv", action="store_true", help="KernelOptions.gguf_int8_gemv on the gguf engine")
+    ap.add_argument("--gguf-gemv1", action="store_true",
+                    help="KernelOptions.gguf_gemv1 on the gguf engine (one row of Q4_K on kernels/gguf_gemv.py)")
     ap.add_argument("--batch1", action="store_true",
                     help="the gguf engine generates one prompt at a time (one-row decode steps), the reference batched")
     a = ap.parse_args()
@@ -61,14 +63,15 @@ def main() -> None:
         llms[q] = LLM(a.model, device=a.device, dtype=a.dtype, quantization=q, max_model_len=1024,
                       async_scheduling=False, enforce_eager=True)
         m = llms[q].engine.parts.model
-        if q == "gguf" and a.gguf_int8_gemv:  # eager engines: no graph captured with the old options
+        if q == "gguf" and (a.gguf_int8_gemv or a.gguf_gemv1):  # eager engines: no graph captured with the old options
             import dataclasses
 
             from verispec.models.kernel_path import enable_triton, kernels_on, options_of
 
             if not kernels_on(m):
-                raise SystemExit("--gguf-int8-gemv needs the CUDA path (the GGUF kernels)")
-            enable_triton(m, options=dataclasses.replace(options_of(m), gguf_int8_gemv=True))
+                raise SystemExit("--gguf-int8-gemv / --gguf-gemv1 need the CUDA path (the GGUF kernels)")
+            enable_triton(m, options=dataclasses.replace(options_of(m), gguf_int8_gemv=a.gguf_int8_gemv,
+                                                         gguf_gemv1=a.gguf_gemv1))
         print(f"{q}: loaded in {time.perf_counter() - t0:.1f}s, weights {weight_nbytes(m) / 1e6:.0f} MB, "
               f"{step_weight_nbytes(m) / 1e6:.0f} MB read per decode step", flush=True)
     ref, q = llms["none"], llms["gguf"]
