@@ -44,6 +44,16 @@ def _ulp(mag: torch.Tensor) -> torch.Tensor:
     return torch.exp2(torch.floor(torch.log2(mag.clamp_min(2.0 ** -60))) - 7)
 
 
+def fold_terms(w: gm.GGUFWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per element of w, float64 [N, K]: its quant q, 2^p (p = 11 for a 64-chunk's low nibbles, the first 32
+    elements, 7 for its high ones), its sub-block's d sc and -dmin m (loader/dequant.quants)."""
+    q, scale, bias = quants(w.blocks.reshape(-1).cpu(), Q4, tuple(w.shape))
+    k = q.shape[1]
+    group = torch.arange(k) // 32
+    p = torch.where(torch.arange(k) % 64 < 32, 2.0 ** 11, 2.0 ** 7).double()
+    return q.double(), p.expand(q.shape), scale.double()[:, group], bias.double()[:, group]
+
+
 def dot_error_bound(x: torch.Tensor, w: gm.GGUFWeight) -> tuple[torch.Tensor, torch.Tensor]:
     """(exact float64 x @ dequant(w)^T, a bound on the kernel's float32 error of each output) [1, N].
 
@@ -53,11 +63,8 @@ def dot_error_bound(x: torch.Tensor, w: gm.GGUFWeight) -> tuple[torch.Tensor, to
     chains 8 products a step over K / (32 SB) steps and the lanes (32 SB a row, SB <= 8) are then reduced,
     so no product passes more than D = K / 32 + 256 roundings: <= D U / (1 - D U) of sum |x w| (Higham's
     gamma_D)."""
-    q, scale, bias = quants(w.blocks.reshape(-1).cpu(), Q4, tuple(w.shape))
-    n, k = q.shape
-    group = torch.arange(k) // 32
-    p = torch.where(torch.arange(k) % 64 < 32, 2.0 ** 11, 2.0 ** 7).double()
-    s, b = scale.double()[:, group], bias.double()[:, group]
+    _, p, s, b = fold_terms(w)
+    k = w.shape[1]
     wd = w.dequantize().double().cpu()
     ax = x.double().abs().cpu()
     d = k / 32 + 256
@@ -114,13 +121,10 @@ def test_one_row_is_within_the_float32_bound_of_the_exact_dot(n, k, tiles, silu,
 def folded_weights(w: gm.GGUFWeight) -> torch.Tensor:
     """The weights as the kernel computes them, emulated on the CPU: fl32(f a + fl32(-(a + dmin m))) (the
     FMA rounds once; f a and the sum are exact in float64 here)."""
-    q, scale, bias = quants(w.blocks.reshape(-1).cpu(), Q4, tuple(w.shape))
-    k = q.shape[1]
-    group = torch.arange(k) // 32
-    p = torch.where(torch.arange(k) % 64 < 32, 2.0 ** 11, 2.0 ** 7).double()
-    a = p * scale.double()[:, group]
-    c = (bias.double()[:, group] - a).float().double()
-    return ((1 + q.double() / p) * a + c).float()
+    q, p, s, b = fold_terms(w)
+    a = p * s
+    c = (b - a).float().double()
+    return ((1 + q / p) * a + c).float()
 
 
 def test_the_float32_error_exceeds_one_ulp_near_zero():

@@ -139,16 +139,13 @@ class AcceptanceStats:
         """p_i, the estimated acceptance of draft i + 1 given drafts 1..i were accepted. population: the
         population means m_i (module docstring); None: each position's prior is p_{i-1}."""
         out, p, w = [], prior_mean, self.prior_weight
-        prev = 0.0  # population[i - 1] (none before position 0)
-        for i, r in enumerate(self.reach):
+        for i, (r, a) in enumerate(zip(self.reach, self.accept, strict=True)):
             m = p
             if population is not None:
                 m = population[i]
-                if prev > 0:
-                    m = min(1.0, m * p / prev)
-                prev = population[i]
-            d = r + w
-            p = (self.accept[i] + w * m) / d if d > 0 else m
+                if i > 0 and population[i - 1] > 0:
+                    m = min(1.0, m * out[i - 1] / population[i - 1])
+            p = (a + w * m) / (r + w) if r + w > 0 else m
             out.append(p)
         return out
 

@@ -76,10 +76,8 @@ class Proposer:
 
     def max_drafts_for(self, req: Request) -> int:
         """k, trimmed so drafts never run past max_tokens or the context."""
-        out = len(req.output_token_ids)  # (req.num_tokens and req.max_tokens inlined: every request, every step)
-        m = req.params.max_tokens
-        left = min(self.max_model_len - len(req.prompt_token_ids), m if m is not None else 1 << 30) - out - 1
-        return 0 if left <= 0 else (self.k if self.k < left else left)
+        left = min(req.max_tokens - len(req.output_token_ids), self.max_model_len - req.num_tokens) - 1
+        return max(0, min(self.k, left))
 
     def num_drafts_for(self, req: Request) -> int:
         """The drafts to propose for req now: max_drafts_for, capped by the speculation policy's
