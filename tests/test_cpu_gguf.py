@@ -98,7 +98,7 @@ def test_linear_keeps_leading_dims_and_threads_agree():
     assert torch.equal(y, y1)  # rows are split over threads, each row's sum is one thread's: no change
 
 
-INT8_TYPES = [T.Q4_0, T.Q5_0, T.Q8_0]
+INT8_TYPES = [T.Q4_0, T.Q5_0, T.Q8_0, T.Q4_K, T.Q6_K]
 needs_int8 = pytest.mark.skipif(not cpu_gguf.int8_available(), reason="no C compiler or no AVX2: no integer-dot GEMV")
 
 
@@ -112,24 +112,43 @@ def _x_rounded_to_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (q.double() * d.double()).reshape(x.shape), d.expand_as(xb).reshape(x.shape)
 
 
-@needs_int8
-@pytest.mark.parametrize("qtype", INT8_TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("nblocks", [1, 2, 7, 28])  # the 2-block unrolled loop, its tail, the 0.5B's K = 896
-@pytest.mark.parametrize("n", [1, 17, 45])
-def test_int8_gemv_is_the_dot_with_x_rounded_to_8_bits(qtype, nblocks, n):
-    k = 32 * nblocks
-    w, ref = _weight(qtype, n, k, seed=n * 31 + nblocks + int(qtype))
-    x = torch.randn(1, k, generator=torch.Generator().manual_seed(nblocks)) * torch.rand(1, k) * 3
+def _assert_int8_dot(x: torch.Tensor, w: cpu_gguf.CPUBlocks, ref: torch.Tensor) -> None:
+    """linear(int8=True) is the float64 dot with x rounded to int8 up to float32 scale products and sums, within
+    the rounding's own bound of the exact float32 GEMV, and not identical to it."""
     xr, d = _x_rounded_to_int8(x)
     want = xr @ ref.double().t()
     got = cpu_gguf.linear(x, w, int8=True)
-    assert got.shape == (1, n) and got.dtype == torch.float32
+    assert got.shape == (x.shape[0], w.shape[0]) and got.dtype == torch.float32
     bound = 1e-5 * (xr.abs() @ ref.double().abs().t()) + 1e-30  # float32 scale products and sums only
     assert ((got.double() - want).abs() <= bound).all()
     # against the exact float32 path: |x - its rounding| <= d / 2 per element, and not identical to it
     exact = cpu_gguf.linear(x, w).double()
     assert ((got.double() - exact).abs() <= (d.double() / 2) @ ref.double().abs().t() + 2 * bound).all()
     assert not torch.equal(got, cpu_gguf.linear(x, w))
+
+
+@needs_int8
+@pytest.mark.parametrize("qtype", INT8_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("nblocks", [1, 2, 7, 28])  # the 2-block unrolled loop, its tail, the 0.5B's K = 896
+@pytest.mark.parametrize("n", [1, 17, 45])
+def test_int8_gemv_is_the_dot_with_x_rounded_to_8_bits(qtype, nblocks, n):
+    k = GGML_QUANT_SIZES[qtype][0] * nblocks
+    w, ref = _weight(qtype, n, k, seed=n * 31 + nblocks + int(qtype))
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(nblocks)) * torch.rand(1, k) * 3
+    _assert_int8_dot(x, w, ref)
+
+
+@needs_int8
+@pytest.mark.parametrize("m", [2, 5, 16])
+def test_q4_k_int8_gemv_takes_every_row_count_of_the_gemv(m):
+    """Q4_K's integer dot runs up to MAX_ROWS rows (its float GEMV is slower than the int4 planes it replaces):
+    each row the dot with that row rounded to int8, the same as the row alone."""
+    w, ref = _weight(T.Q4_K, 37, 19 * 256, seed=m)  # the 0.5B's ffn_down K = 4864: 19 blocks
+    x = torch.randn(m, 19 * 256, generator=torch.Generator().manual_seed(m)) * 2
+    _assert_int8_dot(x, w, ref)
+    assert torch.equal(cpu_gguf.linear(x, w, int8=True)[m - 1], cpu_gguf.linear(x[m - 1 :], w, int8=True)[0])
+    with pytest.raises(ValueError, match="features"):
+        cpu_gguf.linear(x[:, :256], w, int8=True)
 
 
 @needs_int8
@@ -140,26 +159,43 @@ def test_int8_gemv_is_one_row_only_and_exact_for_zero_blocks():
     x1 = torch.zeros(1, 96)
     x1[0, 40] = 2.0  # block 0 and 2 all zero (d = 0), block 1 one value: rounding is exact
     assert torch.allclose(cpu_gguf.linear(x1, w, int8=True)[0], 2.0 * ref[:, 40], rtol=1e-6, atol=0)
-    q6 = _weight(T.Q6_K, 5, 256, seed=1)[0]  # no integer dot for Q6_K: the float GEMV
-    x6 = torch.randn(1, 256)
+    q6 = _weight(T.Q6_K, 5, 256, seed=1)[0]  # Q6_K's integer dot is one row only too
+    x6 = torch.randn(3, 256)
     assert torch.equal(cpu_gguf.linear(x6, q6, int8=True), cpu_gguf.linear(x6, q6))
+    for qtype in (T.Q4_K, T.Q6_K):  # one value in sub-block 3 of a 256-element block: the min and scale terms
+        wk, rk = _weight(qtype, 21, 512, seed=4)
+        xk = torch.zeros(1, 512)
+        xk[0, 300] = -1.5
+        assert torch.allclose(cpu_gguf.linear(xk, wk, int8=True)[0], -1.5 * rk[:, 300], rtol=1e-6, atol=1e-9), qtype
 
 
 @needs_int8
 def test_loader_takes_the_int8_gemv_unless_turned_off(monkeypatch):
     from collections import Counter
 
-    parts = _parts([T.Q5_0, T.Q6_K], 256)
+    parts = _parts([T.Q5_0, T.Q6_K, T.Q4_K], 256)
     x = torch.randn(1, 256)
-    on = QuantLinear(quantized._cpu_segments(parts, Counter()), None, torch.float32)
+    held_on: Counter = Counter()
+    on_segs = quantized._cpu_segments(parts, held_on)
+    on = QuantLinear(on_segs, None, torch.float32)
     monkeypatch.setenv("VERISPEC_CPU_GGUF_INT8", "0")
     held: Counter = Counter()
-    off = QuantLinear(quantized._cpu_segments(parts, held), None, torch.float32)
-    assert held["Q5_0: GGUF blocks (CPU kernel)"] == 1
-    w5 = cpu_gguf.CPUBlocks(parts[0][0].reshape(40, -1), int(T.Q5_0), (40, 256))
-    assert torch.equal(on(x)[0, :40], cpu_gguf.linear(x, w5, int8=True)[0])
-    assert torch.equal(off(x)[0, :40], cpu_gguf.linear(x, w5)[0])
-    assert torch.equal(on(x)[0, 40:], off(x)[0, 40:])  # Q6_K: the float GEMV either way
+    off_segs = quantized._cpu_segments(parts, held)
+    off = QuantLinear(off_segs[:2], None, torch.float32)  # the block segments (the loader's float32 module)
+    # on: Q4_K runs as blocks through the integer dot; off: it keeps its int4 plane
+    assert [type(s).__name__ for s in on_segs] == ["GGUFSegment"] * 3
+    assert [type(s).__name__ for s in off_segs] == ["GGUFSegment", "GGUFSegment", "Int4Planes"]
+    assert held_on["Q4_K: GGUF blocks (CPU kernel, int8 x up to 16 rows)"] == 1
+    assert held_on["Q6_K: GGUF blocks (CPU kernel, int8 x at one row)"] == 1
+    assert held["Q5_0: GGUF blocks (CPU kernel)"] == 1 and held["Q6_K: GGUF blocks (CPU kernel)"] == 1
+    for i, t in enumerate((T.Q5_0, T.Q6_K)):
+        w = cpu_gguf.CPUBlocks(parts[i][0].reshape(40, -1), int(t), (40, 256))
+        cols = slice(40 * i, 40 * (i + 1))
+        assert torch.equal(on(x)[0, cols], cpu_gguf.linear(x, w, int8=True)[0]), t
+        assert torch.equal(off(x)[0, cols], cpu_gguf.linear(x, w)[0]), t
+    w4 = cpu_gguf.CPUBlocks(parts[2][0].reshape(40, -1), int(T.Q4_K), (40, 256))
+    x4 = torch.randn(5, 256)
+    assert torch.equal(on(x4)[:, 80:], cpu_gguf.linear(x4, w4, int8=True))
 
 
 def test_bad_weights_and_inputs_get_value_errors():
@@ -180,24 +216,24 @@ def _parts(types: list[T], k: int, rows: int = 40) -> list[tuple[torch.Tensor, i
 
 
 @needs_cc
-def test_cpu_loader_runs_the_kernel_types_as_blocks_and_the_rest_as_before():
+def test_cpu_loader_runs_the_kernel_types_as_blocks_and_the_rest_as_before(monkeypatch):
     from collections import Counter
 
     if not cpu_gguf.fast():
         pytest.skip("neither AVX-512 nor AVX2 here: the loader keeps the int4 path (test_unavailable_kernel_keeps_the_int4_path)")
 
+    monkeypatch.setenv("VERISPEC_CPU_GGUF_INT8", "0")  # the float GEMVs (the int8 ones: the test above)
     k = 256
     types = [T.Q5_0, T.Q5_0, T.Q8_0, T.Q4_K, T.Q6_K, T.Q4_0, T.Q2_K]
     parts = _parts(types, k)
     held: Counter = Counter()
     segs = quantized._cpu_segments(parts, held)
-    # runs of one kernel type share one segment; Q4_K keeps its int4 plane (faster than the kernel's loop),
+    # runs of one kernel type share one segment; Q4_K keeps its int4 plane (faster than the float GEMV),
     # Q2_K (no kernel) its bf16 matrix
     assert [type(s).__name__ for s in segs] == ["GGUFSegment", "GGUFSegment", "Int4Planes", "GGUFSegment",
                                                "GGUFSegment", "DenseSegment"]
     assert [s.weight.qtype for s in segs if isinstance(s, GGUFSegment)] == [T.Q5_0, T.Q8_0, T.Q6_K, T.Q4_0]
-    what = "GGUF blocks (CPU kernel, int8 x at one row)" if cpu_gguf.int8_available() else "GGUF blocks (CPU kernel)"
-    assert held[f"Q5_0: {what}"] == 2 and sum(held.values()) == len(types)
+    assert held["Q5_0: GGUF blocks (CPU kernel)"] == 2 and sum(held.values()) == len(types)
     ref = torch.cat([dequantize(raw, t, shape) for raw, t, shape in parts])
     x = torch.randn(3, k)
     want = x.double() @ ref.double().t()
@@ -233,9 +269,10 @@ def test_the_kernels_use_the_widest_vectors_this_cpu_has():
 
 @needs_int8
 def test_int8_gemv_on_the_real_05b_tensors(qwen05_path):
-    """The real 0.5B's one-row layers on the integer dot (layer 0's Q5_0 and Q8_0 weights, the Q8_0 LM head's
-    first rows) with an activation the model makes (an embedding row through the first RMSNorm's weight): the
-    dot with x rounded to int8 up to float32 order, and within 1% of the exact float32 GEMV (relative norm)."""
+    """The real 0.5B's layers on the integer dot (layer 0's Q5_0 and Q8_0 weights, the Q8_0 LM head's first rows,
+    a Q6_K and a Q4_K ffn_down) with activations the model makes (an embedding row through the first RMSNorm's
+    weight; for ffn_down, layer 0's MLP product of it): the dot with x rounded to int8 up to float32 order, and
+    within 1% of the exact float32 GEMV (relative norm)."""
     from verispec.loader.gguf import GGUFFile
 
     f = GGUFFile(qwen05_path)
@@ -264,3 +301,23 @@ def test_int8_gemv_on_the_real_05b_tensors(qwen05_path):
         print(f"{name}: int8 vs float32 GEMV {rel:.4f}")
         assert 0 < rel < 0.01, (name, rel)
     assert seen == {"Q5_0", "Q8_0"}
+    # ffn_down (K = 4864) on its input the model makes there, silu(gate x) * (up x): layer 0's Q6_K, and the
+    # first layer whose ffn_down is Q4_K (its rows through the integer dot up to 16 rows: two rows here)
+    gate = dequantize(f.raw("blk.0.ffn_gate.weight"), f.tensor("blk.0.ffn_gate.weight").ggml_type, (4864, 896))
+    up = dequantize(f.raw("blk.0.ffn_up.weight"), f.tensor("blk.0.ffn_up.weight").ggml_type, (4864, 896))
+    h = torch.nn.functional.silu(x @ gate.t()) * (x @ up.t())
+    h2 = torch.cat([h, h.flip(-1)])
+    q4 = next(i for i in range(24) if f.tensor(f"blk.{i}.ffn_down.weight").ggml_type == T.Q4_K)
+    for name, xs in (("blk.0.ffn_down.weight", h), (f"blk.{q4}.ffn_down.weight", h2)):
+        raw, t, (n, k) = rows_of(name, 896)
+        w = cpu_gguf.CPUBlocks(raw, t, (n, k))
+        seen.add(T(t).name)
+        ref = dequantize(raw.reshape(-1), t, (n, k)).double()
+        xr, _ = _x_rounded_to_int8(xs)
+        got = cpu_gguf.linear(xs, w, int8=True).double()
+        assert ((got - xr @ ref.t()).abs() <= 1e-5 * (xr.abs() @ ref.abs().t()) + 1e-30).all(), name
+        exact = (xs.double() @ ref.t())
+        rel = float((got - exact).norm() / exact.norm())
+        print(f"{name} ({T(t).name}): int8 vs float64 {rel:.4f}")
+        assert 0 < rel < 0.01, (name, rel)
+    assert seen == {"Q5_0", "Q8_0", "Q6_K", "Q4_K"}

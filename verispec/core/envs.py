@@ -45,9 +45,9 @@ def cpu_gguf_kernel() -> bool:
 
 
 def cpu_gguf_int8() -> bool:
-    """VERISPEC_CPU_GGUF_INT8=0: one-row CPU GEMVs of Q8_0 / Q5_0 / Q4_0 blocks in float32 (the exact
-    arithmetic of the float32 reference) instead of the integer dot with x rounded to int8 (an A/B switch,
-    read when a model loads)."""
+    """VERISPEC_CPU_GGUF_INT8=0: one-row CPU GEMVs of Q8_0 / Q5_0 / Q4_0 / Q6_K blocks in float32 (the exact
+    arithmetic of the float32 reference) instead of the integer dot with x rounded to int8, and Q4_K weights as
+    int4 planes instead of blocks through the integer dot (an A/B switch, read when a model loads)."""
     return os.environ.get("VERISPEC_CPU_GGUF_INT8", "1") != "0"
 
 

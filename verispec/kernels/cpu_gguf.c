@@ -8,7 +8,7 @@
 
    Types: Q8_0, Q5_0, Q4_0 (32 per block), Q4_K, Q6_K (256 per block). AVX-512 where the compiler
    targets it, else AVX2 with FMA (8 lanes instead of 16), plain C otherwise (the same results up to
-   summation order). vs_gemv_int8: one row of x through an integer dot (x rounded to int8; see there). */
+   summation order). vs_gemv_int8: rows of x through an integer dot (x rounded to int8; see there). */
 
 #include <math.h>
 #include <stdint.h>
@@ -591,28 +591,38 @@ int vs_gemv(int t, const uint8_t *w, int64_t n, int64_t k, const float *x, int64
     return 0;
 }
 
-/* The integer-dot GEMV (one row of x, the 32-element types): x is rounded to int8 per 32 elements as
-   llama.cpp's Q8_0 (dx = max |x| / 127, q = x / dx rounded to nearest even), and each block's dot is an
-   exact int32 sum of the weight's and x's int8 quants (maddubs on |w| and sign(w) x: at most 2 * 128 * 127
-   per 16-bit pair, no saturation), scaled by dw * dx. Not the float32 reference's arithmetic: x's rounding
-   is the difference (tests/test_cpu_gguf.py bounds it). */
+/* The integer-dot GEMV: x is rounded to int8 per 32 elements as llama.cpp's Q8_0 (dx = max |x| / 127,
+   q = x / dx rounded to nearest even), and each 32 elements' dot is an exact int32 sum of the weight's and x's
+   int8 quants (maddubs on |w| and sign(w) x: at most 2 * 128 * 127 per 16-bit pair, no saturation), scaled by
+   the float32 scales. Q4_K: per 32-element sub-block d sc_j (q . xq) dx_j - dmin m_j (sum xq) dx_j, q in 0..15;
+   Q6_K: per 32 elements, two sub-blocks of 16 whose int8 scales weight the pairs' sums (madd), times d dx.
+   Not the float32 reference's arithmetic: x's rounding is the difference (tests/test_cpu_gguf.py bounds it). */
 #if defined(__AVX2__) && defined(__FMA__)
 #define VS_INT8 1
-static void quantize_x8(const float *x, int64_t nb, int8_t *q, float *dx) {
+static void quantize_x8(const float *x, int64_t nb, int8_t *q, float *dx, int32_t *xs) {
     for (int64_t b = 0; b < nb; b++) {
         const float *xb = x + 32 * b;
         float amax = 0.0f;
         for (int j = 0; j < 32; j++) amax = fabsf(xb[j]) > amax ? fabsf(xb[j]) : amax;
         float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        int32_t sum = 0;
         dx[b] = d;
-        for (int j = 0; j < 32; j++) q[32 * b + j] = (int8_t)lrintf(xb[j] * id);
+        for (int j = 0; j < 32; j++) {
+            q[32 * b + j] = (int8_t)lrintf(xb[j] * id);
+            sum += q[32 * b + j];
+        }
+        xs[b] = sum;
     }
 }
 
-static inline __attribute__((always_inline)) __m256 idot32(__m256i w, const int8_t *xq) {
+/* sum over 32 elements of w_j x_j, w and x signed int8 (|w| <= 128, |x| <= 127), as 16 int16 pair sums. */
+static inline __attribute__((always_inline)) __m256i ipairs32(__m256i w, const int8_t *xq) {
     __m256i x = _mm256_loadu_si256((const __m256i *)xq);
-    __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+    return _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+}
+
+static inline __attribute__((always_inline)) __m256 idot32(__m256i w, const int8_t *xq) {
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(ipairs32(w, xq), _mm256_set1_epi16(1)));
 }
 
 #define IDOT_ROWS(NAME, BB, QUANTS)                                                                  \
@@ -640,6 +650,116 @@ static inline __attribute__((always_inline)) __m256 idot32(__m256i w, const int8
 IDOT_ROWS(idot_q8_0, 34, quants_q8_0)
 IDOT_ROWS(idot_q5_0, 22, quants_q5_0)
 IDOT_ROWS(idot_q4_0, 18, quants_q4_0)
+
+/* Q4_K's eight 6-bit scales (sc[0..7]) and mins (mn[0..7]) of a block's 12 packed bytes s, as deq_q4_k reads
+   them: j < 4 takes the low 6 bits of s[j] and s[j + 4]; j >= 4 the nibbles of s[j + 4] with the top 2 bits of
+   s[j - 4] and s[j] above them. Four bytes at a time in 32-bit words. */
+static inline __attribute__((always_inline)) void q4k_scales_mins(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]) {
+    uint32_t u[3], o[4];
+    memcpy(u, s, 12);
+    const uint32_t low6 = 0x3f3f3f3fu, nib = 0x0f0f0f0fu, top2 = 0x03030303u;
+    o[0] = u[0] & low6;                                       /* sc 0..3 */
+    o[1] = (u[2] & nib) | (((u[0] >> 6) & top2) << 4);        /* sc 4..7 */
+    o[2] = u[1] & low6;                                       /* mn 0..3 */
+    o[3] = ((u[2] >> 4) & nib) | (((u[1] >> 6) & top2) << 4); /* mn 4..7 */
+    memcpy(sc, o, 8);
+    memcpy(mn, o + 2, 8);
+}
+
+/* Rows [r0, r1) of a Q4_K weight for m rows of x (x row i: xq + i * k, dx / xs + i * k / 32; y row i: y + i * n).
+   Sub-block 2t takes the low nibbles of qs[32 t ..], 2t + 1 the high ones; each block's nibbles are unpacked
+   once for all m rows. The eight sub-blocks' min terms are one 8-lane product per block. */
+static void idot_q4_k(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, const int8_t *xq, const float *dx,
+                      const int32_t *xs, int64_t m, int64_t n, float *y) {
+    const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    const int64_t k = 256 * nb;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *wr = w + r * nb * 144;
+        __m256 acc[MAX_M], mins[MAX_M];
+        for (int64_t i = 0; i < m; i++) acc[i] = mins[i] = _mm256_setzero_ps();
+        for (int64_t blk = 0; blk < nb; blk++) {
+            const uint8_t *b = wr + blk * 144, *qs = b + 16;
+            _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);
+            _mm_prefetch((const char *)b + PREFETCH + 64, _MM_HINT_T0);
+            _mm_prefetch((const char *)b + PREFETCH + 128, _MM_HINT_T0);
+            uint8_t sc[8], mn[8];
+            q4k_scales_mins(b + 4, sc, mn);
+            int64_t sv, mv;
+            memcpy(&sv, sc, 8);
+            memcpy(&mv, mn, 8);
+            __m256 ds = _mm256_mul_ps(_mm256_set1_ps(f16(b)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sv))));
+            __m256 dm = _mm256_mul_ps(_mm256_set1_ps(f16(b + 2)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(mv))));
+            __m256i q[8];
+            for (int t = 0; t < 4; t++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * t));
+                q[2 * t] = _mm256_and_si256(v, m4);
+                q[2 * t + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            }
+            for (int64_t i = 0; i < m; i++) {
+                const int8_t *xb = xq + i * k + 256 * blk;
+                __m256 db = _mm256_loadu_ps(dx + i * (k / 32) + 8 * blk);
+                __m256 sd = _mm256_mul_ps(ds, db);
+                mins[i] = _mm256_fmadd_ps(_mm256_mul_ps(dm, db),
+                                          _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(xs + i * (k / 32) + 8 * blk))),
+                                          mins[i]);
+                __m256 a = acc[i];
+                for (int j = 0; j < 8; j++) { /* q in 0..15: maddubs on (q, x) directly */
+                    __m256i x = _mm256_loadu_si256((const __m256i *)(xb + 32 * j));
+                    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q[j], x), ones);
+                    a = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sd, _mm256_set1_epi32(j)), _mm256_cvtepi32_ps(p), a);
+                }
+                acc[i] = a;
+            }
+        }
+        for (int64_t i = 0; i < m; i++) y[i * n + r] = hsum8(_mm256_sub_ps(acc[i], mins[i]));
+    }
+}
+
+/* Rows [r0, r1) of a Q6_K weight for m rows of x (layout as idot_q4_k). Element 32 g + e of a half takes
+   ql[32 (g & 1) + e] (low nibble for g < 2, high for g >= 2) and bits 2g of qh[e]; q = that 6-bit value - 32;
+   elements e < 16 take scale sc[2g] of the half, the rest sc[2g + 1]. */
+static void idot_q6_k(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, const int8_t *xq, const float *dx,
+                      int64_t m, int64_t n, float *y) {
+    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3), s32 = _mm256_set1_epi8(32);
+    const int64_t k = 256 * nb;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *wr = w + r * nb * 210;
+        __m256 acc[MAX_M];
+        for (int64_t i = 0; i < m; i++) acc[i] = _mm256_setzero_ps();
+        for (int64_t blk = 0; blk < nb; blk++) {
+            const uint8_t *b = wr + blk * 210;
+            for (int p = 0; p < 256; p += 64) _mm_prefetch((const char *)b + PREFETCH + p, _MM_HINT_T0);
+            const int8_t *sc = (const int8_t *)(b + 192);
+            float d = f16(b + 208);
+            __m256i q[8], scl[8];
+            for (int half = 0; half < 2; half++) {
+                const uint8_t *l = b + 64 * half, *h = b + 128 + 32 * half;
+                __m256i hv = _mm256_loadu_si256((const __m256i *)h);
+                __m256i l0 = _mm256_loadu_si256((const __m256i *)l), l1 = _mm256_loadu_si256((const __m256i *)(l + 32));
+                for (int g = 0; g < 4; g++) {
+                    __m256i lo = (g & 1) ? l1 : l0;
+                    if (g >= 2) lo = _mm256_srli_epi16(lo, 4);
+                    lo = _mm256_and_si256(lo, m4);
+                    __m256i hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, 2 * g), m2), 4);
+                    q[4 * half + g] = _mm256_sub_epi8(_mm256_or_si256(lo, hi), s32);
+                    int s = 8 * half + 2 * g;
+                    scl[4 * half + g] = _mm256_set_m128i(_mm_set1_epi16(sc[s + 1]), _mm_set1_epi16(sc[s]));
+                }
+            }
+            for (int64_t i = 0; i < m; i++) {
+                const int8_t *xb = xq + i * k + 256 * blk;
+                const float *db = dx + i * (k / 32) + 8 * blk;
+                __m256 a = acc[i];
+                for (int j = 0; j < 8; j++) {
+                    __m256i p = _mm256_madd_epi16(ipairs32(q[j], xb + 32 * j), scl[j]);
+                    a = _mm256_fmadd_ps(_mm256_set1_ps(d * db[j]), _mm256_cvtepi32_ps(p), a);
+                }
+                acc[i] = a;
+            }
+        }
+        for (int64_t i = 0; i < m; i++) y[i * n + r] = hsum8(acc[i]);
+    }
+}
 #endif
 
 /* 1 where vs_gemv_int8 runs (AVX2 + FMA), else 0. */
@@ -651,33 +771,45 @@ int vs_int8(void) {
 #endif
 }
 
-/* y[:n] = x[:k] . W[r] through the integer dot (one row of x; Q8_0, Q5_0, Q4_0). Returns 0, or -1 for bad
-   arguments or without AVX2 + FMA. */
-int vs_gemv_int8(int t, const uint8_t *w, int64_t n, int64_t k, const float *x, float *y, int threads) {
+/* y[i * n + :n] = x[i * k + :k] . W[r] through the integer dot, i < m <= MAX_M (Q8_0, Q5_0, Q4_0, Q4_K, Q6_K).
+   Returns 0, or -1 for bad arguments or without AVX2 + FMA. */
+int vs_gemv_int8(int t, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, float *y, int threads) {
 #ifdef VS_INT8
-    if ((t != T_Q8_0 && t != T_Q5_0 && t != T_Q4_0) || k % 32 || threads < 1) return -1;
+    int kq = t == T_Q4_K || t == T_Q6_K;
+    if ((t != T_Q8_0 && t != T_Q5_0 && t != T_Q4_0 && !kq) || k % (kq ? 256 : 32) || m < 1 || m > MAX_M ||
+        threads < 1)
+        return -1;
     int64_t nb = k / 32;
-    int8_t *xq = (int8_t *)malloc((size_t)k + 32);
-    float *dx = (float *)malloc(sizeof(float) * (size_t)nb);
-    if (!xq || !dx) {
+    int8_t *xq = (int8_t *)malloc((size_t)(m * k) + 32);
+    float *dx = (float *)malloc(sizeof(float) * (size_t)(m * nb));
+    int32_t *xs = (int32_t *)malloc(sizeof(int32_t) * (size_t)(m * nb));
+    if (!xq || !dx || !xs) {
         free(xq);
         free(dx);
+        free(xs);
         return -1;
     }
-    quantize_x8(x, nb, xq, dx);
+    quantize_x8(x, m * nb, xq, dx, xs);
     int64_t chunk = 16, tasks = (n + chunk - 1) / chunk;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t task = 0; task < tasks; task++) {
         int64_t r0 = task * chunk, r1 = r0 + chunk < n ? r0 + chunk : n;
-        if (t == T_Q8_0) idot_q8_0(w, r0, r1, nb, xq, dx, y);
-        else if (t == T_Q5_0) idot_q5_0(w, r0, r1, nb, xq, dx, y);
-        else idot_q4_0(w, r0, r1, nb, xq, dx, y);
+        if (t == T_Q4_K) { idot_q4_k(w, r0, r1, k / 256, xq, dx, xs, m, n, y); continue; }
+        if (t == T_Q6_K) { idot_q6_k(w, r0, r1, k / 256, xq, dx, m, n, y); continue; }
+        for (int64_t i = 0; i < m; i++) {
+            const int8_t *xi = xq + i * k;
+            const float *di = dx + i * nb;
+            if (t == T_Q8_0) idot_q8_0(w, r0, r1, nb, xi, di, y + i * n);
+            else if (t == T_Q5_0) idot_q5_0(w, r0, r1, nb, xi, di, y + i * n);
+            else idot_q4_0(w, r0, r1, nb, xi, di, y + i * n);
+        }
     }
     free(xq);
     free(dx);
+    free(xs);
     return 0;
 #else
-    (void)t; (void)w; (void)n; (void)k; (void)x; (void)y; (void)threads;
+    (void)t; (void)w; (void)n; (void)k; (void)x; (void)m; (void)y; (void)threads;
     return -1;
 #endif
 }

@@ -4,8 +4,9 @@ system C compiler and called through ctypes.
 Up to MAX_ROWS rows of x (decode, verify) run cpu_gguf.c's GEMV: it streams each weight row's blocks once,
 dequantizes them exactly as loader/dequant.py does and sums in float32 (AVX-512 where the CPU has it, else AVX2 + FMA), so
 the result is the float32 reference's up to summation order, reading the file's bytes only; one row of a Q8_0,
-Q5_0 or Q4_0 weight may instead take the integer-dot GEMV (linear(int8=True), the loader's default for decode):
-x rounded to int8 per 32 elements, as llama.cpp, not the reference's arithmetic. More rows
+Q5_0, Q4_0, Q4_K or Q6_K weight (up to MAX_ROWS of a Q4_K one) may instead take the integer-dot GEMV
+(linear(int8=True), the loader's default): x rounded to int8 per 32 elements, as llama.cpp, not the
+reference's arithmetic. More rows
 (prefill) dequantize the weight to float32 in the kernel and run torch's GEMM. The library is built with
 `cc -O3 -march=native -fopenmp` into `<cache>/kernels/` keyed by the source, the compiler and the CPU; no
 compiler, a failed build or a wrong answer on the start-up check make available() False (the caller
@@ -39,8 +40,11 @@ MAX_ROWS = 16  # cpu_gguf.c's MAX_M: more rows take the dequantize + GEMM route
 _GEMM_SLICE_ELEMS = 1 << 22  # that route dequantizes this many weight elements at a time (16 MB of float32)
 # ggml type id -> (elements, bytes) per block, for the types cpu_gguf.c runs.
 BLOCKS: dict[int, tuple[int, int]] = {2: (32, 18), 6: (32, 22), 8: (32, 34), 12: (256, 144), 14: (256, 210)}
-GEMV_TYPES = frozenset({2, 6, 8, 14})  # what the loader runs here (Q4_K: its GEMV is 1.6x slower than int4)
-INT8_TYPES = frozenset({2, 6, 8})  # Q4_0, Q5_0, Q8_0: the integer-dot GEMV (linear(int8=True))
+GEMV_TYPES = frozenset({2, 6, 8, 14})  # what the loader runs here (Q4_K's float GEMV is 1.6x slower than int4)
+INT8_TYPES = frozenset({2, 6, 8, 12, 14})  # Q4_0, Q5_0, Q8_0, Q4_K, Q6_K: the integer-dot GEMV (linear(int8=True))
+# Types whose integer dot takes every row count up to MAX_ROWS, not one row only: Q4_K, whose float GEMV is
+# slower than the int4 planes it replaces (the loader runs Q4_K as blocks only where the integer dot is on).
+INT8_ROWS_TYPES = frozenset({12})
 
 
 @dataclass(frozen=True)
@@ -117,7 +121,7 @@ def library() -> ctypes.CDLL | None:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.vs_gemv.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, i64, ptr, i64, ctypes.c_int]
     lib.vs_dequant.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ctypes.c_int]
-    lib.vs_gemv_int8.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ptr, ctypes.c_int]
+    lib.vs_gemv_int8.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr, ctypes.c_int]
     for f in (lib.vs_gemv, lib.vs_dequant, lib.vs_avx512, lib.vs_simd_bits, lib.vs_gemv_int8, lib.vs_int8):
         f.restype = ctypes.c_int
     return lib
@@ -135,8 +139,9 @@ def dequantize(w: CPUBlocks) -> torch.Tensor:
 
 def linear(x: torch.Tensor, w: CPUBlocks, int8: bool = False) -> torch.Tensor:
     """x [..., K] -> [..., N] float32 (x is cast to float32): the GEMV for up to MAX_ROWS rows, else
-    dequantize + F.linear. int8: one row of an INT8_TYPES weight takes the integer-dot GEMV where it is
-    built (int8_available()): x rounded to int8 per 32 elements, as llama.cpp's decode."""
+    dequantize + F.linear. int8: one row of an INT8_TYPES weight (up to MAX_ROWS of an INT8_ROWS_TYPES one)
+    takes the integer-dot GEMV where it is built (int8_available()): x rounded to int8 per 32 elements, as
+    llama.cpp's decode."""
     n, k = w.shape
     if x.shape[-1] != k:
         raise ValueError(f"cpu_gguf.linear: x has {x.shape[-1]} features, the weight {k}")
@@ -148,8 +153,8 @@ def linear(x: torch.Tensor, w: CPUBlocks, int8: bool = False) -> torch.Tensor:
         parts = [F.linear(x2, dequantize(_rows(w, r0, min(n, r0 + step)))) for r0 in range(0, n, step)]
         return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)).reshape(*lead, n)
     y = torch.empty(m, n, dtype=torch.float32)
-    if int8 and m == 1 and w.qtype in INT8_TYPES and int8_available():
-        if _lib().vs_gemv_int8(w.qtype, w.blocks.data_ptr(), n, k, x2.data_ptr(), y.data_ptr(),
+    if int8 and (m == 1 or (m and w.qtype in INT8_ROWS_TYPES)) and w.qtype in INT8_TYPES and int8_available():
+        if _lib().vs_gemv_int8(w.qtype, w.blocks.data_ptr(), n, k, x2.data_ptr(), m, y.data_ptr(),
                                torch.get_num_threads()) != 0:
             raise ValueError(f"cpu_gguf.linear: the int8 kernel refused type {w.qtype}, shape {w.shape}")
         return y.reshape(*lead, n)

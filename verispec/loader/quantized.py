@@ -116,8 +116,9 @@ def _linear(f: GGUFFile, cfg: ModelConfig, names: list[str], bias: torch.Tensor 
 
 
 def _cpu_segments(parts: list[Part], held: Counter) -> list[Segment]:
-    """CPU segments: runs of the types kernels/cpu_gguf.py runs (Q8_0, Q5_0, Q4_0, Q6_K) as their GGUF blocks
-    when its vectorized (AVX-512 or AVX2) kernel is available, the rest as cpu_pack packs them (int4 planes, bf16)."""
+    """CPU segments: runs of the types kernels/cpu_gguf.py runs (Q8_0, Q5_0, Q4_0, Q6_K; Q4_K where its integer
+    dot is on) as their GGUF blocks when its vectorized (AVX-512 or AVX2) kernel is available, the rest as
+    cpu_pack packs them (int4 planes, bf16)."""
     from verispec.kernels import cpu_gguf
 
     fast = cpu_gguf.fast()
@@ -138,13 +139,18 @@ def _cpu_segments(parts: list[Part], held: Counter) -> list[Segment]:
             segs.extend(cpu_pack.pack_tensors(list(run)))
         run.clear()
 
-    kind_of = lambda t: "gguf" if fast and t in cpu_gguf.GEMV_TYPES else "pack"  # noqa: E731
+    # Q4_K runs as blocks only through the integer dot (its float GEMV is slower than the int4 planes)
+    block_types = cpu_gguf.GEMV_TYPES | (int8_types & cpu_gguf.INT8_ROWS_TYPES)
+    kind_of = lambda t: "gguf" if fast and t in block_types else "pack"  # noqa: E731
     for raw, t, shape in parts:
         kind = kind_of(t)
         if run and (kind != kind_of(run[-1][1]) or (kind == "gguf" and t != run[-1][1])):
             flush(kind_of(run[-1][1]) == "gguf")
         run.append((raw, t, shape))
-        what = "GGUF blocks (CPU kernel, int8 x at one row)" if t in int8_types else "GGUF blocks (CPU kernel)"
+        what = "GGUF blocks (CPU kernel)"
+        if t in int8_types:
+            what = "GGUF blocks (CPU kernel, int8 x{})".format(
+                f" up to {cpu_gguf.MAX_ROWS} rows" if t in cpu_gguf.INT8_ROWS_TYPES else " at one row")
         held[f"{type_name(t)}: {what}" if kind == "gguf" else cpu_pack.describe(t)] += 1
     flush(bool(run) and kind_of(run[-1][1]) == "gguf")
     return segs
