@@ -599,6 +599,17 @@ int vs_gemv(int t, const uint8_t *w, int64_t n, int64_t k, const float *x, int64
    Not the float32 reference's arithmetic: x's rounding is the difference (tests/test_cpu_gguf.py bounds it). */
 #if defined(__AVX2__) && defined(__FMA__)
 #define VS_INT8 1
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+/* AVX512-VNNI (on 8 lanes): one dpbusd is maddubs + madd, and a block's quants go in as unsigned bytes u with
+   q = u - offset, the offset's share (offset * sum x) preloaded into the accumulator: the same exact int32 sums
+   as the AVX2 route, fewer instructions a block (the 32-element GEMVs were compute-bound at 2 threads). */
+#define VS_VNNI 1
+#endif
+#ifdef VS_VNNI
+#define UDOT32(u, x) _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, x)
+#else
+#define UDOT32(u, x) _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1))
+#endif
 static void quantize_x8(const float *x, int64_t nb, int8_t *q, float *dx, int32_t *xs) {
     for (int64_t b = 0; b < nb; b++) {
         const float *xb = x + 32 * b;
@@ -651,6 +662,57 @@ IDOT_ROWS(idot_q8_0, 34, quants_q8_0)
 IDOT_ROWS(idot_q5_0, 22, quants_q5_0)
 IDOT_ROWS(idot_q4_0, 18, quants_q4_0)
 
+#ifdef VS_VNNI
+/* A block's quants as unsigned bytes u, q = u - OFFSET (Q8_0: the sign bit flipped, 128; Q4_0: the nibbles, 8;
+   Q5_0: the nibbles plus 16 where qh's bit is set, 16). */
+#define OFFSET_Q8_0 128
+#define OFFSET_Q4_0 8
+#define OFFSET_Q5_0 16
+static inline __attribute__((always_inline)) __m256i uquants_q8_0(const uint8_t *b) {
+    return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 2)), _mm256_set1_epi8((char)0x80));
+}
+static inline __attribute__((always_inline)) __m256i uquants_q4_0(const uint8_t *b) { return nibbles32(b + 2); }
+static inline __attribute__((always_inline)) __m256i uquants_q5_0(const uint8_t *b) {
+    uint32_t qh;
+    memcpy(&qh, b + 2, 4);
+    __m256i v = nibbles32(b + 6);
+    return _mm256_mask_add_epi8(v, (__mmask32)qh, v, _mm256_set1_epi8(16));
+}
+
+/* xo: per x block 8 int32, lane 0 -OFFSET * sum xq, the rest 0 (the accumulator each block's dpbusd starts from). */
+#define VDOT_ROWS(NAME, BB, UQUANTS)                                                                 \
+    static void NAME(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, const int8_t *xq,       \
+                     const float *dx, const int32_t *xo, float *y) {                               \
+        for (int64_t r = r0; r < r1; r++) {                                                        \
+            const uint8_t *wr = w + r * nb * BB;                                                   \
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0;                                              \
+            int64_t blk = 0;                                                                       \
+            for (; blk + 2 <= nb; blk += 2) {                                                      \
+                const uint8_t *b = wr + blk * BB;                                                  \
+                _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);                             \
+                __m256i p0 = _mm256_dpbusd_epi32(_mm256_loadu_si256((const __m256i *)(xo + 8 * blk)), UQUANTS(b), \
+                                                 _mm256_loadu_si256((const __m256i *)(xq + 32 * blk))); \
+                __m256i p1 = _mm256_dpbusd_epi32(_mm256_loadu_si256((const __m256i *)(xo + 8 * blk + 8)),       \
+                                                 UQUANTS(b + BB),                                  \
+                                                 _mm256_loadu_si256((const __m256i *)(xq + 32 * blk + 32))); \
+                a0 = _mm256_fmadd_ps(_mm256_set1_ps(f16(b) * dx[blk]), _mm256_cvtepi32_ps(p0), a0); \
+                a1 = _mm256_fmadd_ps(_mm256_set1_ps(f16(b + BB) * dx[blk + 1]), _mm256_cvtepi32_ps(p1), a1); \
+            }                                                                                      \
+            for (; blk < nb; blk++) {                                                              \
+                const uint8_t *b = wr + blk * BB;                                                  \
+                __m256i p = _mm256_dpbusd_epi32(_mm256_loadu_si256((const __m256i *)(xo + 8 * blk)), UQUANTS(b), \
+                                                _mm256_loadu_si256((const __m256i *)(xq + 32 * blk))); \
+                a0 = _mm256_fmadd_ps(_mm256_set1_ps(f16(b) * dx[blk]), _mm256_cvtepi32_ps(p), a0);  \
+            }                                                                                      \
+            y[r] = hsum8(_mm256_add_ps(a0, a1));                                                   \
+        }                                                                                          \
+    }
+
+VDOT_ROWS(vdot_q8_0, 34, uquants_q8_0)
+VDOT_ROWS(vdot_q5_0, 22, uquants_q5_0)
+VDOT_ROWS(vdot_q4_0, 18, uquants_q4_0)
+#endif
+
 /* Q4_K's eight 6-bit scales (sc[0..7]) and mins (mn[0..7]) of a block's 12 packed bytes s, as deq_q4_k reads
    them: j < 4 takes the low 6 bits of s[j] and s[j + 4]; j >= 4 the nibbles of s[j + 4] with the top 2 bits of
    s[j - 4] and s[j] above them. Four bytes at a time in 32-bit words. */
@@ -671,7 +733,7 @@ static inline __attribute__((always_inline)) void q4k_scales_mins(const uint8_t 
    once for all m rows. The eight sub-blocks' min terms are one 8-lane product per block. */
 static void idot_q4_k(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, const int8_t *xq, const float *dx,
                       const int32_t *xs, int64_t m, int64_t n, float *y) {
-    const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    const __m256i m4 = _mm256_set1_epi8(15);
     const int64_t k = 256 * nb;
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *wr = w + r * nb * 144;
@@ -705,7 +767,7 @@ static void idot_q4_k(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, cons
                 __m256 a = acc[i];
                 for (int j = 0; j < 8; j++) { /* q in 0..15: maddubs on (q, x) directly */
                     __m256i x = _mm256_loadu_si256((const __m256i *)(xb + 32 * j));
-                    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q[j], x), ones);
+                    __m256i p = UDOT32(q[j], x);
                     a = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sd, _mm256_set1_epi32(j)), _mm256_cvtepi32_ps(p), a);
                 }
                 acc[i] = a;
@@ -790,6 +852,20 @@ int vs_gemv_int8(int t, const uint8_t *w, int64_t n, int64_t k, const float *x, 
         return -1;
     }
     quantize_x8(x, m * nb, xq, dx, xs);
+#ifdef VS_VNNI
+    int32_t *xo = NULL;
+    if (!kq) {
+        int off = t == T_Q8_0 ? OFFSET_Q8_0 : t == T_Q5_0 ? OFFSET_Q5_0 : OFFSET_Q4_0;
+        xo = (int32_t *)calloc((size_t)(8 * m * nb), sizeof(int32_t));
+        if (!xo) {
+            free(xq);
+            free(dx);
+            free(xs);
+            return -1;
+        }
+        for (int64_t b = 0; b < m * nb; b++) xo[8 * b] = -off * xs[b];
+    }
+#endif
     int64_t chunk = 16, tasks = (n + chunk - 1) / chunk;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t task = 0; task < tasks; task++) {
@@ -799,6 +875,13 @@ int vs_gemv_int8(int t, const uint8_t *w, int64_t n, int64_t k, const float *x, 
         for (int64_t i = 0; i < m; i++) {
             const int8_t *xi = xq + i * k;
             const float *di = dx + i * nb;
+#ifdef VS_VNNI
+            const int32_t *oi = xo + 8 * i * nb;
+            if (t == T_Q8_0) vdot_q8_0(w, r0, r1, nb, xi, di, oi, y + i * n);
+            else if (t == T_Q5_0) vdot_q5_0(w, r0, r1, nb, xi, di, oi, y + i * n);
+            else vdot_q4_0(w, r0, r1, nb, xi, di, oi, y + i * n);
+            continue;
+#endif
             if (t == T_Q8_0) idot_q8_0(w, r0, r1, nb, xi, di, y + i * n);
             else if (t == T_Q5_0) idot_q5_0(w, r0, r1, nb, xi, di, y + i * n);
             else idot_q4_0(w, r0, r1, nb, xi, di, y + i * n);
@@ -807,6 +890,9 @@ int vs_gemv_int8(int t, const uint8_t *w, int64_t n, int64_t k, const float *x, 
     free(xq);
     free(dx);
     free(xs);
+#ifdef VS_VNNI
+    free(xo);
+#endif
     return 0;
 #else
     (void)t; (void)w; (void)n; (void)k; (void)x; (void)m; (void)y; (void)threads;
