@@ -139,6 +139,32 @@ def test_int8_gemv_is_the_dot_with_x_rounded_to_8_bits(qtype, nblocks, n):
 
 
 @needs_int8
+@pytest.mark.parametrize("flags", [(), ("-mno-avx512dq",), ("-mno-avx512vnni",), ("-mno-avx512f",)],
+                         ids=["native", "no-avx512dq", "no-vnni", "no-avx512"])
+def test_every_int8_route_is_the_dot_with_x_rounded_to_8_bits(flags):
+    """The library built narrower than this CPU (the flags after -march=native) takes the narrower route of the
+    integer dot (VNNI on 16 or 8 lanes, AVX2 maddubs: int8_route), and each is the same dot with x rounded to
+    int8 on every type, both block loops and their tails. On a CPU without AVX-512 the flags change nothing: the
+    AVX2 route is tested four times."""
+    lib = cpu_gguf.variant(flags)
+    assert lib is not None and lib.vs_int8() == 1
+    route = cpu_gguf.int8_route(lib)
+    if not flags:
+        assert route == cpu_gguf.int8_route()
+    if flags == ("-mno-avx512vnni",) or flags == ("-mno-avx512f",):
+        assert route == 1
+    for qtype in INT8_TYPES:
+        for nblocks, m in ((7, 1), (28, 1), (3, 2 if qtype == T.Q4_K else 1)):
+            k = GGML_QUANT_SIZES[qtype][0] * nblocks
+            w, ref = _weight(qtype, 45, k, seed=nblocks + int(qtype))
+            x = torch.randn(m, k, generator=torch.Generator().manual_seed(nblocks)) * 2
+            xr, _ = _x_rounded_to_int8(x)
+            got = cpu_gguf.gemv_int8(lib, x, w).double()
+            bound = 1e-5 * (xr.abs() @ ref.double().abs().t()) + 1e-30
+            assert ((got - xr @ ref.double().t()).abs() <= bound).all(), (qtype.name, nblocks, m, route)
+
+
+@needs_int8
 @pytest.mark.parametrize("m", [2, 5, 16])
 def test_q4_k_int8_gemv_takes_every_row_count_of_the_gemv(m):
     """Q4_K's integer dot runs up to MAX_ROWS rows (its float GEMV is slower than the int4 planes it replaces):

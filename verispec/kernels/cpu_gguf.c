@@ -708,9 +708,74 @@ static inline __attribute__((always_inline)) __m256i uquants_q5_0(const uint8_t 
         }                                                                                          \
     }
 
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+/* Two consecutive blocks on 16 lanes (AVX-512): one dpbusd, one convert and one FMA for both, a scale vector
+   whose low 8 lanes are block 0's, the high 8 block 1's. An odd last block takes the 8-lane step. */
+static inline __attribute__((always_inline)) __m512i pair512(__m256i lo, __m256i hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+/* The nibbles of two blocks' 16 bytes each, in element order: [low 0, high 0, low 1, high 1] (16 bytes each). */
+static inline __attribute__((always_inline)) __m512i nibbles64(const uint8_t *p0, const uint8_t *p1) {
+    __m256i v = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)p1), _mm_loadu_si128((const __m128i *)p0));
+    __m256i m = _mm256_set1_epi8(15);
+    __m512i z = pair512(_mm256_and_si256(v, m), _mm256_and_si256(_mm256_srli_epi16(v, 4), m));
+    return _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));
+}
+static inline __attribute__((always_inline)) __m512i uquants2_q8_0(const uint8_t *b, const uint8_t *c) {
+    return _mm512_xor_si512(pair512(_mm256_loadu_si256((const __m256i *)(b + 2)), _mm256_loadu_si256((const __m256i *)(c + 2))),
+                            _mm512_set1_epi8((char)0x80));
+}
+static inline __attribute__((always_inline)) __m512i uquants2_q4_0(const uint8_t *b, const uint8_t *c) {
+    return nibbles64(b + 2, c + 2);
+}
+static inline __attribute__((always_inline)) __m512i uquants2_q5_0(const uint8_t *b, const uint8_t *c) {
+    uint32_t h0, h1;
+    memcpy(&h0, b + 2, 4);
+    memcpy(&h1, c + 2, 4);
+    __m512i v = nibbles64(b + 6, c + 6);
+    return _mm512_mask_add_epi8(v, (__mmask64)(((uint64_t)h1 << 32) | h0), v, _mm512_set1_epi8(16));
+}
+
+#define VDOT2_ROWS(NAME, BB, UQUANTS2, UQUANTS)                                                      \
+    static void NAME(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, const int8_t *xq,       \
+                     const float *dx, const int32_t *xo, float *y) {                               \
+        for (int64_t r = r0; r < r1; r++) {                                                        \
+            const uint8_t *wr = w + r * nb * BB;                                                   \
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0;                                              \
+            int64_t blk = 0;                                                                       \
+            for (; blk + 4 <= nb; blk += 4) {                                                      \
+                const uint8_t *b = wr + blk * BB;                                                  \
+                _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);                             \
+                _mm_prefetch((const char *)b + PREFETCH + 64, _MM_HINT_T0);                        \
+                for (int u = 0; u < 4; u += 2) {                                                   \
+                    const uint8_t *c = b + u * BB;                                                 \
+                    __m512i p = _mm512_dpbusd_epi32(_mm512_loadu_si512(xo + 8 * (blk + u)), UQUANTS2(c, c + BB), \
+                                                    _mm512_loadu_si512(xq + 32 * (blk + u)));      \
+                    __m512 sc = _mm512_insertf32x8(_mm512_set1_ps(f16(c) * dx[blk + u]),           \
+                                                   _mm256_set1_ps(f16(c + BB) * dx[blk + u + 1]), 1); \
+                    if (u) a1 = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(p), a1);                    \
+                    else a0 = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(p), a0);                      \
+                }                                                                                  \
+            }                                                                                      \
+            __m256 t = _mm256_setzero_ps();                                                        \
+            for (; blk < nb; blk++) {                                                              \
+                const uint8_t *b = wr + blk * BB;                                                  \
+                __m256i p = _mm256_dpbusd_epi32(_mm256_loadu_si256((const __m256i *)(xo + 8 * blk)), UQUANTS(b), \
+                                                _mm256_loadu_si256((const __m256i *)(xq + 32 * blk))); \
+                t = _mm256_fmadd_ps(_mm256_set1_ps(f16(b) * dx[blk]), _mm256_cvtepi32_ps(p), t);   \
+            }                                                                                      \
+            y[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) + hsum8(t);                         \
+        }                                                                                          \
+    }
+
+VDOT2_ROWS(vdot_q8_0, 34, uquants2_q8_0, uquants_q8_0)
+VDOT2_ROWS(vdot_q5_0, 22, uquants2_q5_0, uquants_q5_0)
+VDOT2_ROWS(vdot_q4_0, 18, uquants2_q4_0, uquants_q4_0)
+#else
 VDOT_ROWS(vdot_q8_0, 34, uquants_q8_0)
 VDOT_ROWS(vdot_q5_0, 22, uquants_q5_0)
 VDOT_ROWS(vdot_q4_0, 18, uquants_q4_0)
+#endif
 #endif
 
 /* Q4_K's eight 6-bit scales (sc[0..7]) and mins (mn[0..7]) of a block's 12 packed bytes s, as deq_q4_k reads
@@ -827,6 +892,20 @@ static void idot_q6_k(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, cons
 /* 1 where vs_gemv_int8 runs (AVX2 + FMA), else 0. */
 int vs_int8(void) {
 #ifdef VS_INT8
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* The integer dot's route for the 32-element types: 512 (VNNI, two blocks per 512-bit step), 256 (VNNI on 8
+   lanes), 1 (AVX2 maddubs), 0 (none). */
+int vs_int8_route(void) {
+#if defined(VS_VNNI) && defined(__AVX512F__) && defined(__AVX512DQ__)
+    return 512;
+#elif defined(VS_VNNI)
+    return 256;
+#elif defined(VS_INT8)
     return 1;
 #else
     return 0;

@@ -81,10 +81,11 @@ def _cpu_key() -> str:
     return flags + platform.machine()
 
 
-def _build(cc: str) -> Path:
-    """The built library (cached by source, compiler and CPU): compiled to a temp file, then renamed."""
+def _build(cc: str, flags: tuple[str, ...] = ()) -> Path:
+    """The built library (cached by source, compiler, CPU and extra flags): compiled to a temp file, then renamed."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256(_SOURCE.read_bytes() + version.encode() + _cpu_key().encode()).hexdigest()[:16]
+    key = hashlib.sha256(_SOURCE.read_bytes() + version.encode() + _cpu_key().encode()
+                         + " ".join(flags).encode()).hexdigest()[:16]
     out = cache_dir() / "kernels" / f"cpu_gguf-{key}.so"
     if out.exists():
         return out
@@ -92,7 +93,7 @@ def _build(cc: str) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:  # -ffp-contract=off: scale * q + bias rounds as dequant.py's two float32 ops
-        cmd = [cc, "-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC",
+        cmd = [cc, "-O3", "-march=native", *flags, "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC",
                str(_SOURCE), "-o", tmp]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if r.returncode != 0:
@@ -114,17 +115,53 @@ def library() -> ctypes.CDLL | None:
         log.info("no C compiler (cc, gcc or $CC): the CPU GGUF kernel is off")
         return None
     try:
-        lib = ctypes.CDLL(str(_build(cc)))
+        return _load(_build(cc))
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         log.info("the CPU GGUF kernel did not build (%s): it is off", e)
         return None
+
+
+def _load(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.vs_gemv.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, i64, ptr, i64, ctypes.c_int]
     lib.vs_dequant.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ctypes.c_int]
     lib.vs_gemv_int8.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr, ctypes.c_int]
-    for f in (lib.vs_gemv, lib.vs_dequant, lib.vs_avx512, lib.vs_simd_bits, lib.vs_gemv_int8, lib.vs_int8):
+    for f in (lib.vs_gemv, lib.vs_dequant, lib.vs_avx512, lib.vs_simd_bits, lib.vs_gemv_int8, lib.vs_int8,
+              lib.vs_int8_route):
         f.restype = ctypes.c_int
     return lib
+
+
+def variant(flags: tuple[str, ...]) -> ctypes.CDLL | None:
+    """The library built with extra compiler flags after -march=native (tests: a narrower SIMD route on a wider
+    CPU, e.g. ("-mno-avx512vnni",)), or None where it does not build. Not what the loader runs."""
+    cc = _cc()
+    if cc is None:
+        return None
+    try:
+        return _load(_build(cc, flags))
+    except (OSError, RuntimeError, subprocess.SubprocessError):
+        return None
+
+
+def int8_route(lib: ctypes.CDLL | None = None) -> int:
+    """The integer dot's route for the 32-element types in lib (default: the loader's library): 512 (AVX512-VNNI,
+    two blocks per step), 256 (VNNI on 8 lanes), 1 (AVX2 maddubs), 0 (none)."""
+    lib = lib if lib is not None else library()
+    return int(lib.vs_int8_route()) if lib is not None else 0
+
+
+def gemv_int8(lib: ctypes.CDLL, x: torch.Tensor, w: CPUBlocks) -> torch.Tensor:
+    """x [m, K] float32 through lib's integer-dot GEMV (any m <= MAX_ROWS, every INT8_TYPES type): what
+    linear(int8=True) calls, on a given library."""
+    n, k = w.shape
+    x2 = x.reshape(-1, k).to(torch.float32).contiguous()
+    y = torch.empty(x2.shape[0], n, dtype=torch.float32)
+    if lib.vs_gemv_int8(w.qtype, w.blocks.data_ptr(), n, k, x2.data_ptr(), x2.shape[0], y.data_ptr(),
+                        torch.get_num_threads()) != 0:
+        raise ValueError(f"cpu_gguf.gemv_int8: the kernel refused type {w.qtype}, shape {w.shape}, {x2.shape[0]} rows")
+    return y
 
 
 def dequantize(w: CPUBlocks) -> torch.Tensor:
@@ -152,12 +189,9 @@ def linear(x: torch.Tensor, w: CPUBlocks, int8: bool = False) -> torch.Tensor:
         step = max(64, _GEMM_SLICE_ELEMS // k)
         parts = [F.linear(x2, dequantize(_rows(w, r0, min(n, r0 + step)))) for r0 in range(0, n, step)]
         return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)).reshape(*lead, n)
-    y = torch.empty(m, n, dtype=torch.float32)
     if int8 and (m == 1 or (m and w.qtype in INT8_ROWS_TYPES)) and w.qtype in INT8_TYPES and int8_available():
-        if _lib().vs_gemv_int8(w.qtype, w.blocks.data_ptr(), n, k, x2.data_ptr(), m, y.data_ptr(),
-                               torch.get_num_threads()) != 0:
-            raise ValueError(f"cpu_gguf.linear: the int8 kernel refused type {w.qtype}, shape {w.shape}")
-        return y.reshape(*lead, n)
+        return gemv_int8(_lib(), x2, w).reshape(*lead, n)
+    y = torch.empty(m, n, dtype=torch.float32)
     if m and _lib().vs_gemv(w.qtype, w.blocks.data_ptr(), n, k, x2.data_ptr(), m, k, y.data_ptr(), n,
                             torch.get_num_threads()) != 0:
         raise ValueError(f"cpu_gguf.linear: the kernel refused type {w.qtype}, shape {w.shape}, {m} rows")
