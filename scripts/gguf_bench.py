@@ -245,11 +245,11 @@ def main() -> None:
     ap.add_argument("--int8", action="store_true",
                     help="Q4_K / Q6_K at one row: the integer-dot GEMV (KernelOptions.gguf_int8_gemv), its tiles swept")
     ap.add_argument("--gemv1", action="store_true",
-                    help="one row of Q4_K on kernels/gguf_gemv.py's GEMV (KernelOptions.gguf_gemv1; off by default)")
-    ap.add_argument("--no-gemv1", action="store_true", help="the default: gguf_matmul's super-block GEMV")
+                    help="one row of Q4_K on kernels/gguf_gemv.py's GEMV (KernelOptions.gguf_gemv1; the default)")
+    ap.add_argument("--no-gemv1", action="store_true", help="gguf_matmul's super-block GEMV instead")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    args.options = KernelOptions(gguf_int8_gemv=args.int8, gguf_gemv1=args.gemv1 and not args.no_gemv1)
+    args.options = KernelOptions(gguf_int8_gemv=args.int8, gguf_gemv1=not args.no_gemv1)
     args.rows = [int(r) for r in args.rows.split(",")]
     args.qtypes = [int(gm.T[q]) for q in args.qtypes.split(",")]
     args.sweep_qtypes = [int(gm.T[q]) for q in args.sweep_qtypes.split(",") if q]

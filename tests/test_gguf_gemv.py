@@ -22,7 +22,8 @@ from verispec.kernels.gguf_gemv import q4k_gemv1_config
 from verispec.loader.dequant import quants
 
 Q4 = int(T.Q4_K)
-ON = KernelOptions(gguf_gemv1=True)  # the one-row kernel (off by default since its GPU test failed)
+ON = KernelOptions(gguf_gemv1=True)  # the one-row kernel (the default since session 26)
+OFF = KernelOptions(gguf_gemv1=False)  # gguf_matmul's super-block GEMV
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
@@ -172,12 +173,14 @@ def test_the_ulp_check_can_fail():
 
 
 def test_dispatch_takes_it_for_one_bf16_row_of_q4k_only():
-    """linear_plan gives one row of Q4_K the kernel with KernelOptions.gguf_gemv1 (default off: it failed
-    its GPU test); Q6_K, more rows, the int8 option and the default keep the others; a float32 x falls back
-    to the float GEMV (its 1e-5 accuracy, which bfloat16 output could not show)."""
+    """linear_plan gives one row of Q4_K the kernel with KernelOptions.gguf_gemv1 (the default since the 1.5B's
+    batch-1 step timed faster with it, session 26); Q6_K, more rows, the int8 option and gguf_gemv1=False keep
+    the others; a float32 x falls back to the float GEMV (its 1e-5 accuracy, which bfloat16 output could not
+    show)."""
     kernel, cfg = gm.linear_plan(1, 2048, 1536, Q4, ON)
     assert kernel == "gemv" and cfg["ONE_ROW"] == 1
-    assert "ONE_ROW" not in gm.linear_plan(1, 2048, 1536, Q4)[1]
+    assert KernelOptions().gguf_gemv1 and gm.linear_plan(1, 2048, 1536, Q4)[1]["ONE_ROW"] == 1
+    assert "ONE_ROW" not in gm.linear_plan(1, 2048, 1536, Q4, OFF)[1]
     assert "ONE_ROW" not in gm.linear_plan(1, 2048, 1536, Q4, KernelOptions(gguf_gemv1=True, gguf_int8_gemv=True))[1]
     assert "ONE_ROW" not in gm.linear_plan(1, 2048, 1536, int(T.Q6_K), ON)[1]
     assert gm.linear_plan(2, 2048, 1536, Q4, ON)[0] == "mma"

@@ -15,6 +15,7 @@ from test_hf_parity import NUM_TOKENS, PROMPTS
 from tiny import prefill_logits
 
 from verispec import SamplingParams
+from verispec.core import envs
 from verispec.kernels import cpu_gguf
 from verispec.models.layers.quant import GGUFSegment, Int4Planes, QuantEmbedding, QuantLinear, weight_nbytes
 
@@ -40,9 +41,11 @@ def test_the_default_on_cpu_is_quantized_and_the_reference_is_not(llm05, llm_q):
     segs = [s for m in q.modules() if isinstance(m, QuantLinear) for s in m.segments]
     if cpu_gguf.fast():  # built with the machine's C compiler, AVX-512 or AVX2: the file's blocks, as stored
         # per layer q+k (Q5_0), v (Q5_0 or Q8_0: a segment of its own in 12 layers), o, gate_up (Q5_0),
-        # down (Q6_K in 12 layers; Q4_K in 12: an int4 plane); the Q8_0 LM head
-        assert sum(isinstance(s, GGUFSegment) for s in segs) == 24 + 12 + 24 + 24 + 12 + 1
-        assert sum(isinstance(s, Int4Planes) for s in segs) == 12
+        # down (Q6_K in 12 layers; Q4_K in 12: blocks where the integer dot is on, else an int4 plane); the Q8_0
+        # LM head
+        q4k_blocks = 12 if cpu_gguf.int8_available() and envs.cpu_gguf_int8() else 0
+        assert sum(isinstance(s, GGUFSegment) for s in segs) == 24 + 12 + 24 + 24 + 12 + 1 + q4k_blocks
+        assert sum(isinstance(s, Int4Planes) for s in segs) == 12 - q4k_blocks
         assert weight_nbytes(q) < 1.25 * file_bytes  # the embedding: int8 quants (153 MB, 94 in the file)
 
 

@@ -234,9 +234,9 @@ def add_bench_parser(sub) -> None:
                         "(KernelOptions.gguf_int8_gemv; the A/B against the float GEMV)")
     p.add_argument("--gguf-gemv1", action="store_true",
                    help="with --quantization gguf: one row of Q4_K on kernels/gguf_gemv.py's GEMV instead of "
-                        "gguf_matmul's super-block GEMV (KernelOptions.gguf_gemv1=True; off by default)")
+                        "gguf_matmul's super-block GEMV (KernelOptions.gguf_gemv1; the default)")
     p.add_argument("--no-gguf-gemv1", action="store_true",
-                   help="the default (gguf_matmul's super-block GEMV); kept for older command lines")
+                   help="one row of Q4_K on gguf_matmul's super-block GEMV instead (KernelOptions.gguf_gemv1=False)")
     p = kind("serve", "streaming clients against a running OpenAI-compatible server")
     from verispec.bench.serve import add_arguments
 
@@ -396,7 +396,7 @@ def _kernels(args) -> int:
 
         res["rows"] = []
         options = KernelOptions(pdl=not args.no_pdl, small_m_max_rows=args.small_m_max_rows,
-                                gguf_int8_gemv=args.gguf_int8_gemv, gguf_gemv1=args.gguf_gemv1 and not args.no_gguf_gemv1)
+                                gguf_int8_gemv=args.gguf_int8_gemv, gguf_gemv1=not args.no_gguf_gemv1)
         for b in args.batch_sizes:
             r = run_profile(bm.model, b, args.query_len, args.context, options=options)
             print(format_profile(r), flush=True)

@@ -21,7 +21,7 @@ from verispec.models.qwen2 import CausalLM
 
 CATEGORIES = (  # (category, substrings of the kernel name), first match wins
     ("attention", ("_attn_kernel", "_combine_kernel", "_combine_ordered_kernel")),
-    ("linear (Triton GEMV)", ("_gemv_kernel",)),
+    ("linear (Triton GEMV)", ("_gemv_kernel", "_gemv1_kernel")),
     ("linear (skinny Triton)", ("_skinny_kernel",)),
     ("linear (cuBLAS)", ("gemm", "gemv", "cutlass", "sm90_", "nvjet", "splitk", "splitK")),
     ("rms norm", ("_rms_norm",)),

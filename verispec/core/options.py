@@ -62,8 +62,9 @@ class KernelOptions:
     # weight, one reduction after the loop) instead of gguf_matmul's super-block GEMV (~43 instructions a
     # weight in offline sm_90 SASS). Session 24's one-ulp test failed on the H100 near zero outputs, a bound no
     # float32 dot meets; under its float32 error bound it passes there (session 25), and with session 25's tiles
-    # it is 8-17% faster than the old kernel at every 1.5B shape. Off until timed end to end on real weights.
-    gguf_gemv1: bool = False
+    # it is 8-17% faster than the old kernel at every 1.5B shape; on the 1.5B's Q4_K_M shapes and types the
+    # batch-1 step replays in 1,597 us against 1,715 (H100, session 26, docs/BENCHMARKS.md): on by default.
+    gguf_gemv1: bool = True
 
     # CUDA graphs (worker/graphs.py): stage a replay's inputs (and fill its placeholders) with one
     # kernel; False: the torch copies and fills (session 6: the kernel won at batch 1 and in host

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 if TYPE_CHECKING:
@@ -30,6 +31,11 @@ class RMSNorm(nn.Module):
         if residual is not None:
             x = x + residual
             residual = x
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            # one op (the CPU decode step is op-bound): torch's rms_norm is x * rsqrt(mean(x^2) + eps) * weight
+            # with the same float32 operations in the same order, bit for bit (tests/test_layers.py)
+            out = F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+            return out if residual is None else (out, residual)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         out = (xf * self.weight.float()).to(x.dtype)
