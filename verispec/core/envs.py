@@ -51,6 +51,12 @@ def cpu_gguf_int8() -> bool:
     return os.environ.get("VERISPEC_CPU_GGUF_INT8", "1") != "0"
 
 
+def cpu_ops() -> bool:
+    """VERISPEC_CPU_OPS=0: a quantized CPU model keeps torch's norms, rotary and attention instead of
+    kernels/cpu_ops.py's C ops, and one kernel call per weight segment (an A/B switch, read when a model loads)."""
+    return os.environ.get("VERISPEC_CPU_OPS", "1") != "0"
+
+
 def c_compiler() -> str | None:
     """CC: the C compiler that builds the CPU GGUF kernel (default: cc or gcc on PATH)."""
     return os.environ.get("CC") or None

@@ -912,13 +912,14 @@ int vs_int8_route(void) {
 #endif
 }
 
-/* y[i * n + :n] = x[i * k + :k] . W[r] through the integer dot, i < m <= MAX_M (Q8_0, Q5_0, Q4_0, Q4_K, Q6_K).
+/* y[i * ldy + :n] = x[i * k + :k] . W[r] through the integer dot, i < m <= MAX_M (Q8_0, Q5_0, Q4_0, Q4_K, Q6_K).
    Returns 0, or -1 for bad arguments or without AVX2 + FMA. */
-int vs_gemv_int8(int t, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, float *y, int threads) {
+int vs_gemv_int8(int t, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, float *y, int64_t ldy,
+                 int threads) {
 #ifdef VS_INT8
     int kq = t == T_Q4_K || t == T_Q6_K;
     if ((t != T_Q8_0 && t != T_Q5_0 && t != T_Q4_0 && !kq) || k % (kq ? 256 : 32) || m < 1 || m > MAX_M ||
-        threads < 1)
+        threads < 1 || ldy < n)
         return -1;
     int64_t nb = k / 32;
     int8_t *xq = (int8_t *)malloc((size_t)(m * k) + 32);
@@ -949,21 +950,21 @@ int vs_gemv_int8(int t, const uint8_t *w, int64_t n, int64_t k, const float *x, 
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t task = 0; task < tasks; task++) {
         int64_t r0 = task * chunk, r1 = r0 + chunk < n ? r0 + chunk : n;
-        if (t == T_Q4_K) { idot_q4_k(w, r0, r1, k / 256, xq, dx, xs, m, n, y); continue; }
-        if (t == T_Q6_K) { idot_q6_k(w, r0, r1, k / 256, xq, dx, m, n, y); continue; }
+        if (t == T_Q4_K) { idot_q4_k(w, r0, r1, k / 256, xq, dx, xs, m, ldy, y); continue; }
+        if (t == T_Q6_K) { idot_q6_k(w, r0, r1, k / 256, xq, dx, m, ldy, y); continue; }
         for (int64_t i = 0; i < m; i++) {
             const int8_t *xi = xq + i * k;
             const float *di = dx + i * nb;
 #ifdef VS_VNNI
             const int32_t *oi = xo + 8 * i * nb;
-            if (t == T_Q8_0) vdot_q8_0(w, r0, r1, nb, xi, di, oi, y + i * n);
-            else if (t == T_Q5_0) vdot_q5_0(w, r0, r1, nb, xi, di, oi, y + i * n);
-            else vdot_q4_0(w, r0, r1, nb, xi, di, oi, y + i * n);
+            if (t == T_Q8_0) vdot_q8_0(w, r0, r1, nb, xi, di, oi, y + i * ldy);
+            else if (t == T_Q5_0) vdot_q5_0(w, r0, r1, nb, xi, di, oi, y + i * ldy);
+            else vdot_q4_0(w, r0, r1, nb, xi, di, oi, y + i * ldy);
             continue;
 #endif
-            if (t == T_Q8_0) idot_q8_0(w, r0, r1, nb, xi, di, y + i * n);
-            else if (t == T_Q5_0) idot_q5_0(w, r0, r1, nb, xi, di, y + i * n);
-            else idot_q4_0(w, r0, r1, nb, xi, di, y + i * n);
+            if (t == T_Q8_0) idot_q8_0(w, r0, r1, nb, xi, di, y + i * ldy);
+            else if (t == T_Q5_0) idot_q5_0(w, r0, r1, nb, xi, di, y + i * ldy);
+            else idot_q4_0(w, r0, r1, nb, xi, di, y + i * ldy);
         }
     }
     free(xq);
@@ -974,7 +975,7 @@ int vs_gemv_int8(int t, const uint8_t *w, int64_t n, int64_t k, const float *x, 
 #endif
     return 0;
 #else
-    (void)t; (void)w; (void)n; (void)k; (void)x; (void)m; (void)y; (void)threads;
+    (void)t; (void)w; (void)n; (void)k; (void)x; (void)m; (void)y; (void)ldy; (void)threads;
     return -1;
 #endif
 }

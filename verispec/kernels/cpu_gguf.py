@@ -36,6 +36,8 @@ from verispec.core.envs import cache_dir
 log = logging.getLogger("verispec")
 
 _SOURCE = Path(__file__).with_name("cpu_gguf.c")
+# Built into the same library: the decode step's small float32 ops (kernels/cpu_ops.py calls them).
+_SOURCES = (_SOURCE, Path(__file__).with_name("cpu_ops.c"))
 MAX_ROWS = 16  # cpu_gguf.c's MAX_M: more rows take the dequantize + GEMM route
 _GEMM_SLICE_ELEMS = 1 << 22  # that route dequantizes this many weight elements at a time (16 MB of float32)
 # ggml type id -> (elements, bytes) per block, for the types cpu_gguf.c runs.
@@ -84,7 +86,7 @@ def _cpu_key() -> str:
 def _build(cc: str, flags: tuple[str, ...] = ()) -> Path:
     """The built library (cached by source, compiler, CPU and extra flags): compiled to a temp file, then renamed."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256(_SOURCE.read_bytes() + version.encode() + _cpu_key().encode()
+    key = hashlib.sha256(b"".join(src.read_bytes() for src in _SOURCES) + version.encode() + _cpu_key().encode()
                          + " ".join(flags).encode()).hexdigest()[:16]
     out = cache_dir() / "kernels" / f"cpu_gguf-{key}.so"
     if out.exists():
@@ -94,7 +96,7 @@ def _build(cc: str, flags: tuple[str, ...] = ()) -> Path:
     os.close(fd)
     try:  # -ffp-contract=off: scale * q + bias rounds as dequant.py's two float32 ops
         cmd = [cc, "-O3", "-march=native", *flags, "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC",
-               str(_SOURCE), "-o", tmp]
+               *map(str, _SOURCES), "-o", tmp, "-lm"]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if r.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed: {r.stderr.strip()[:500]}")
@@ -126,9 +128,16 @@ def _load(path: Path) -> ctypes.CDLL:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.vs_gemv.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, i64, ptr, i64, ctypes.c_int]
     lib.vs_dequant.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ctypes.c_int]
-    lib.vs_gemv_int8.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr, ctypes.c_int]
+    lib.vs_gemv_int8.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr, i64, ctypes.c_int]
+    f32 = ctypes.c_float
+    lib.vs_rms_norm.argtypes = [ptr, ptr, ptr, i64, i64, f32, ptr, ptr]
+    lib.vs_silu_mul.argtypes = [ptr, i64, i64, ptr]
+    lib.vs_rope_write_kv.argtypes = [ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, i64, ptr, i64,
+                                     ptr, ptr]
+    lib.vs_paged_attention.argtypes = [ptr, i64, i64, i64, i64, ptr, i64, ptr, ptr, i64, ptr, i64, i64, ptr,
+                                       ctypes.c_int, i64, f32, ptr, ctypes.c_int]
     for f in (lib.vs_gemv, lib.vs_dequant, lib.vs_avx512, lib.vs_simd_bits, lib.vs_gemv_int8, lib.vs_int8,
-              lib.vs_int8_route):
+              lib.vs_int8_route, lib.vs_rms_norm, lib.vs_silu_mul, lib.vs_rope_write_kv, lib.vs_paged_attention):
         f.restype = ctypes.c_int
     return lib
 
@@ -158,7 +167,7 @@ def gemv_int8(lib: ctypes.CDLL, x: torch.Tensor, w: CPUBlocks) -> torch.Tensor:
     n, k = w.shape
     x2 = x.reshape(-1, k).to(torch.float32).contiguous()
     y = torch.empty(x2.shape[0], n, dtype=torch.float32)
-    if lib.vs_gemv_int8(w.qtype, w.blocks.data_ptr(), n, k, x2.data_ptr(), x2.shape[0], y.data_ptr(),
+    if lib.vs_gemv_int8(w.qtype, w.blocks.data_ptr(), n, k, x2.data_ptr(), x2.shape[0], y.data_ptr(), n,
                         torch.get_num_threads()) != 0:
         raise ValueError(f"cpu_gguf.gemv_int8: the kernel refused type {w.qtype}, shape {w.shape}, {x2.shape[0]} rows")
     return y
@@ -251,3 +260,47 @@ def available() -> bool:
             log.info("the CPU GGUF kernel gave wrong results on its check (type %d): it is off", t)
             return False
     return True
+
+
+class StackedLinear:
+    """A CPU QuantLinear's GGUF-block segments (stacked along N) as one kernel call each, written straight into
+    their columns of one [m, N] float32 output: what QuantLinear.forward runs for up to MAX_ROWS rows, in place of
+    linear() per segment and a concatenation (a decode step makes ~100 such calls, and each op costs
+    microseconds). The same kernels and the same int8 rule as linear(int8=...) per segment, so the same results."""
+
+    max_rows = MAX_ROWS
+
+    def __init__(self, weights: list[CPUBlocks], int8: list[bool]) -> None:
+        if not weights or len(int8) != len(weights) or len({w.shape[1] for w in weights}) != 1:
+            raise ValueError("StackedLinear needs one int8 flag per weight and weights of one in_features")
+        self.weights = weights  # held: the kernels read their blocks through raw pointers
+        self.k = weights[0].shape[1]
+        self.n = sum(w.shape[0] for w in weights)
+        off, self._parts = 0, []
+        for w, i8 in zip(weights, int8, strict=True):
+            self._parts.append((w.qtype, w.blocks.data_ptr(), w.shape[0], i8 and w.qtype in INT8_TYPES, off))
+            off += w.shape[0]
+        self._lib = _lib()
+
+    def __call__(self, x: torch.Tensor, silu_mul: bool = False) -> torch.Tensor:
+        """x [m, K] float32, 1 <= m <= MAX_ROWS -> [m, N] float32 (silu_mul: [m, N / 2] = silu(gate) * up)."""
+        m = x.shape[0]
+        if x.dim() != 2 or x.shape[1] != self.k or x.dtype != torch.float32 or not 1 <= m <= MAX_ROWS:
+            raise ValueError(f"StackedLinear: x must be float32 [1..{MAX_ROWS}, {self.k}], got {x.dtype} "
+                             f"{tuple(x.shape)}")
+        x = x if x.is_contiguous() else x.contiguous()
+        y = torch.empty(m, self.n, dtype=torch.float32)
+        lib, xp, yp, k, n, th = self._lib, x.data_ptr(), y.data_ptr(), self.k, self.n, torch.get_num_threads()
+        for qtype, wp, rows, int8, off in self._parts:
+            if int8 and (m == 1 or qtype in INT8_ROWS_TYPES):
+                rc = lib.vs_gemv_int8(qtype, wp, rows, k, xp, m, yp + 4 * off, n, th)
+            else:
+                rc = lib.vs_gemv(qtype, wp, rows, k, xp, m, k, yp + 4 * off, n, th)
+            if rc != 0:
+                raise ValueError(f"cpu_gguf.StackedLinear: the kernel refused type {qtype}, {rows} x {k}, {m} rows")
+        if not silu_mul:
+            return y
+        out = torch.empty(m, n // 2, dtype=torch.float32)
+        if n % 2 or lib.vs_silu_mul(yp, m, n // 2, out.data_ptr()) != 0:
+            raise ValueError(f"cpu_gguf.StackedLinear: silu_mul needs an even N, got {n}")
+        return out

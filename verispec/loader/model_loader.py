@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from verispec.config import ModelConfig
+from verispec.core import envs
 from verispec.loader.registry import resolve_model
 from verispec.loader.tokenizer import Tokenizer
 from verispec.models.build import build_model
@@ -62,6 +63,10 @@ def load_model(name_or_path: str, device: torch.device, dtype: torch.dtype, prog
     cfg.name = name_or_path
     tok = Tokenizer.from_gguf(path) if Path(path).is_file() else Tokenizer.from_hf_folder(path)
     model = build_model(cfg, weights, device, dtype, modules=modules)
+    if quantization == "gguf" and torch.device(device).type == "cpu" and dtype == torch.float32 and envs.cpu_ops():
+        from verispec.models.kernel_path import enable_cpu_ops  # the C ops of the quantized CPU path
+
+        enable_cpu_ops(model)
     return tok, cfg, model
 
 

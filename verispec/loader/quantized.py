@@ -112,7 +112,20 @@ def _linear(f: GGUFFile, cfg: ModelConfig, names: list[str], bias: torch.Tensor 
         return QuantLinear(_cuda_segments(parts, device, dtype, held), bias, dtype)
     segs = _cpu_segments(parts, held)
     pure = all(isinstance(s, GGUFSegment) for s in segs)  # the C kernel takes float32 activations
-    return QuantLinear(segs, bias, torch.float32 if pure else cpu_pack.COMPUTE_DTYPE)
+    q = QuantLinear(segs, bias, torch.float32 if pure else cpu_pack.COMPUTE_DTYPE)
+    if pure and envs.cpu_ops():  # one kernel call per segment into one output (decode is op-bound)
+        from verispec.kernels import cpu_gguf
+
+        int8 = _cpu_int8_types()
+        q.cpu_linear = cpu_gguf.StackedLinear([s.weight for s in segs], [s.weight.qtype in int8 for s in segs])
+    return q
+
+
+def _cpu_int8_types() -> frozenset[int]:
+    """The types whose CPU GEMV takes the integer dot (none where VERISPEC_CPU_GGUF_INT8=0 or it is not built)."""
+    from verispec.kernels import cpu_gguf
+
+    return cpu_gguf.INT8_TYPES if envs.cpu_gguf_int8() and cpu_gguf.int8_available() else frozenset()
 
 
 def _cpu_segments(parts: list[Part], held: Counter) -> list[Segment]:
@@ -122,7 +135,7 @@ def _cpu_segments(parts: list[Part], held: Counter) -> list[Segment]:
     from verispec.kernels import cpu_gguf
 
     fast = cpu_gguf.fast()
-    int8_types = cpu_gguf.INT8_TYPES if envs.cpu_gguf_int8() and cpu_gguf.int8_available() else frozenset()
+    int8_types = _cpu_int8_types()
     int8_linear = functools.partial(cpu_gguf.linear, int8=True)
     segs: list[Segment] = []
     run: list[Part] = []

@@ -63,6 +63,22 @@ def enable_triton(model: torch.nn.Module, on: bool = True, attention: bool = Tru
             model.attn_backend = ReferenceBackend()
 
 
+def enable_cpu_ops(model: torch.nn.Module) -> None:
+    """Switch a quantized CPU model's norms and attention (rotary, K/V write, paged attention) onto the C ops of
+    kernels/cpu_ops.py (attention/cpu.py's backend); a no-op where the C library is not available. The float32
+    reference model is never switched (its tests compare against plain torch)."""
+    from verispec.kernels import cpu_ops
+
+    if not cpu_ops.available():
+        return
+    from verispec.attention.cpu import CPUBackend
+
+    for m in model.modules():
+        if hasattr(m, "cpu_ops"):  # the modules that take them (models/layers/norm.RMSNorm)
+            m.cpu_ops = cpu_ops
+    model.attn_backend = CPUBackend()
+
+
 def use_batch_invariant(model: torch.nn.Module, on: bool) -> None:
     """Switch a CUDA model onto the Triton kernels with KernelOptions.batch_invariant = on, keeping the
     other options it already runs with (an A/B script's); nothing changes when it already runs so."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -14,9 +14,11 @@ if TYPE_CHECKING:
 
 class RMSNorm(nn.Module):
     """y = x / rms(x) * weight, computed in float32. kernels (set by enable_triton): the fused
-    kernel for CUDA tensors."""
+    kernel for CUDA tensors; cpu_ops (set by enable_cpu_ops: kernels/cpu_ops.py): the C op for float32
+    CPU tensors."""
 
     kernels: Kernels | None = None
+    cpu_ops: Any = None
 
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
@@ -28,6 +30,9 @@ class RMSNorm(nn.Module):
         k = self.kernels
         if k is not None and x.is_cuda:
             return k.rms_norm(x, self.weight, self.eps, residual, k.options)
+        c = self.cpu_ops
+        if c is not None and x.dtype == torch.float32 and x.device.type == "cpu":
+            return c.rms_norm(x, self.weight, self.eps, residual)
         if residual is not None:
             x = x + residual
             residual = x

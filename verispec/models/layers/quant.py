@@ -99,9 +99,12 @@ class QuantLinear(nn.Module):
 
     compute_dtype: the dtype the segments take (bf16 on the CPU path); the output comes back in x's
     dtype, plus the bias (kept in the model's dtype). kernels: set by enable_triton (models/kernel_path.py):
-    its options go to the GGUF kernels (batch_invariant: one kernel for every row count)."""
+    its options go to the GGUF kernels (batch_invariant: one kernel for every row count). cpu_linear: set by
+    the loader where every segment is CPU GGUF blocks (a kernels/cpu_gguf.StackedLinear): float32 x of 1 to
+    cpu_linear.max_rows rows goes through it, one kernel call per segment into one output."""
 
     kernels: Any = None
+    cpu_linear: Any = None
 
     def __init__(self, segments: list[Segment], bias: torch.Tensor | None, compute_dtype: torch.dtype) -> None:
         super().__init__()
@@ -149,6 +152,9 @@ class QuantLinear(nn.Module):
         if x.dim() == 2 and self.bias is None and len(self.segments) == 1 and self._kernel_segments \
                 and x.dtype == self.compute_dtype:
             return self._kernel_forward(x, silu_mul=True)
+        c = self.cpu_linear
+        if c is not None and self.bias is None and self._takes_cpu_linear(x):
+            return c(x, silu_mul=True)
         gate, up = self(x).chunk(2, dim=-1)
         return F.silu(gate) * up
 
@@ -156,6 +162,10 @@ class QuantLinear(nn.Module):
         if x.dim() == 2 and self._kernel_segments and x.dtype == self.compute_dtype \
                 and (self.bias is None or self.bias.dtype == x.dtype):
             return self._kernel_forward(x)
+        c = self.cpu_linear
+        if c is not None and self._takes_cpu_linear(x):
+            y = c(x)
+            return y if self.bias is None else y.add_(self.bias)
         one = self.segments[0] if len(self.segments) == 1 else None
         if isinstance(one, Int4Planes) and x.dim() == 2:  # the common case, with fewer ops (decode is op-bound)
             xc = (torch.cat([x] * one.planes, dim=1) if one.planes > 1 else x).to(self.compute_dtype)
@@ -168,6 +178,10 @@ class QuantLinear(nn.Module):
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*lead, self.out_features)
+
+    def _takes_cpu_linear(self, x: torch.Tensor) -> bool:
+        return x.dim() == 2 and x.dtype == torch.float32 and 1 <= x.shape[0] <= self.cpu_linear.max_rows \
+            and x.device.type == "cpu" and (self.bias is None or self.bias.dtype == torch.float32)
 
     @property
     def weight_nbytes(self) -> int:
