@@ -244,3 +244,26 @@ def test_write_kv_reference_still_used_off_the_c_path():
     qr, kr = rot(torch.tensor([3, 4]), q, k)
     write_kv(ref_cache, kr, v, slots)
     assert torch.equal(got, qr) and torch.equal(cache, ref_cache)
+
+
+@pytest.fixture(scope="module")
+def gguf05(qwen05_path):
+    """(model, tokenizer): the real 0.5B kept quantized on the CPU, with the C ops (the default CPU path)."""
+    from verispec.attention.cpu import CPUBackend
+    from verispec.loader.model_loader import load_model
+
+    tok, _, model = load_model(qwen05_path, torch.device("cpu"), torch.float32, progress=False, quantization="gguf")
+    assert isinstance(model.attn_backend, CPUBackend)
+    return model, tok
+
+
+@pytest.mark.parametrize("method", ["ngram", "self"])
+def test_sync_async_parity_on_the_quantized_cpu_path(gguf05, method):
+    """The parity matrix cell (forced preemption, chunked prefill, prefix-cache hits, mixed temperatures) on the
+    quantized 0.5B with the C ops: verify steps of 4 queries, prefill chunks and decode steps all through
+    CPUBackend; the synchronous and overlapped loops give the same tokens and the same acceptance counters."""
+    from parity import SPECS
+    from test_real_model_spec import CODE_PROMPTS, parity_cell
+
+    _, tok = gguf05
+    parity_cell(gguf05, [tok.encode(p) for p in CODE_PROMPTS], SPECS[method])
