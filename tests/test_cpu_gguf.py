@@ -165,29 +165,30 @@ def test_every_int8_route_is_the_dot_with_x_rounded_to_8_bits(flags):
 
 
 @needs_int8
+@pytest.mark.parametrize("qtype", TYPES)
 @pytest.mark.parametrize("m", [2, 5, 16])
-def test_q4_k_int8_gemv_takes_every_row_count_of_the_gemv(m):
-    """Q4_K's integer dot runs up to MAX_ROWS rows (its float GEMV is slower than the int4 planes it replaces):
-    each row the dot with that row rounded to int8, the same as the row alone."""
-    w, ref = _weight(T.Q4_K, 37, 19 * 256, seed=m)  # the 0.5B's ffn_down K = 4864: 19 blocks
-    x = torch.randn(m, 19 * 256, generator=torch.Generator().manual_seed(m)) * 2
+def test_int8_gemv_takes_every_row_count_and_a_row_does_not_depend_on_it(qtype, m):
+    """Every type's integer dot runs up to MAX_ROWS rows: each row the dot with that row rounded to int8, and the
+    same bits as the row alone (a verify row and a decode row of the same x agree exactly: spec == plain)."""
+    k = 19 * 256  # the 0.5B's ffn_down K = 4864: 19 super-blocks, 152 blocks of 32
+    w, ref = _weight(qtype, 37, k, seed=m)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 2
     _assert_int8_dot(x, w, ref)
-    assert torch.equal(cpu_gguf.linear(x, w, int8=True)[m - 1], cpu_gguf.linear(x[m - 1 :], w, int8=True)[0])
+    got = cpu_gguf.linear(x, w, int8=True)
+    for i in (0, m - 1):
+        assert torch.equal(got[i], cpu_gguf.linear(x[i : i + 1], w, int8=True)[0]), (qtype.name, i)
     with pytest.raises(ValueError, match="features"):
         cpu_gguf.linear(x[:, :256], w, int8=True)
 
 
 @needs_int8
-def test_int8_gemv_is_one_row_only_and_exact_for_zero_blocks():
+def test_int8_gemv_is_exact_for_zero_blocks_and_stops_at_max_rows():
     w, ref = _weight(T.Q8_0, 33, 96, seed=9)
-    x = torch.randn(3, 96)
-    assert torch.equal(cpu_gguf.linear(x, w, int8=True), cpu_gguf.linear(x, w))  # 3 rows: the float GEMV
+    x = torch.randn(cpu_gguf.MAX_ROWS + 1, 96)
+    assert torch.equal(cpu_gguf.linear(x, w, int8=True), cpu_gguf.linear(x, w))  # 17 rows: dequantize + GEMM
     x1 = torch.zeros(1, 96)
     x1[0, 40] = 2.0  # block 0 and 2 all zero (d = 0), block 1 one value: rounding is exact
     assert torch.allclose(cpu_gguf.linear(x1, w, int8=True)[0], 2.0 * ref[:, 40], rtol=1e-6, atol=0)
-    q6 = _weight(T.Q6_K, 5, 256, seed=1)[0]  # Q6_K's integer dot is one row only too
-    x6 = torch.randn(3, 256)
-    assert torch.equal(cpu_gguf.linear(x6, q6, int8=True), cpu_gguf.linear(x6, q6))
     for qtype in (T.Q4_K, T.Q6_K):  # one value in sub-block 3 of a 256-element block: the min and scale terms
         wk, rk = _weight(qtype, 21, 512, seed=4)
         xk = torch.zeros(1, 512)
@@ -212,7 +213,7 @@ def test_loader_takes_the_int8_gemv_unless_turned_off(monkeypatch):
     assert [type(s).__name__ for s in on_segs] == ["GGUFSegment"] * 3
     assert [type(s).__name__ for s in off_segs] == ["GGUFSegment", "GGUFSegment", "Int4Planes"]
     assert held_on["Q4_K: GGUF blocks (CPU kernel, int8 x up to 16 rows)"] == 1
-    assert held_on["Q6_K: GGUF blocks (CPU kernel, int8 x at one row)"] == 1
+    assert held_on["Q6_K: GGUF blocks (CPU kernel, int8 x up to 16 rows)"] == 1
     assert held["Q5_0: GGUF blocks (CPU kernel)"] == 1 and held["Q6_K: GGUF blocks (CPU kernel)"] == 1
     for i, t in enumerate((T.Q5_0, T.Q6_K)):
         w = cpu_gguf.CPUBlocks(parts[i][0].reshape(40, -1), int(t), (40, 256))

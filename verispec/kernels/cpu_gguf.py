@@ -3,10 +3,10 @@ system C compiler and called through ctypes.
 
 Up to MAX_ROWS rows of x (decode, verify) run cpu_gguf.c's GEMV: it streams each weight row's blocks once,
 dequantizes them exactly as loader/dequant.py does and sums in float32 (AVX-512 where the CPU has it, else AVX2 + FMA), so
-the result is the float32 reference's up to summation order, reading the file's bytes only; one row of a Q8_0,
-Q5_0, Q4_0, Q4_K or Q6_K weight (up to MAX_ROWS of a Q4_K one) may instead take the integer-dot GEMV
-(linear(int8=True), the loader's default): x rounded to int8 per 32 elements, as llama.cpp, not the
-reference's arithmetic. More rows
+the result is the float32 reference's up to summation order, reading the file's bytes only; up to MAX_ROWS rows
+of a Q8_0, Q5_0, Q4_0, Q4_K or Q6_K weight may instead take the integer-dot GEMV (linear(int8=True), the
+loader's default): x rounded to int8 per 32 elements, as llama.cpp, not the reference's arithmetic, and each
+row's result the same bits at every row count (so a decode, a verify and a batch of them agree). More rows
 (prefill) dequantize the weight to float32 in the kernel and run torch's GEMM. The library is built with
 `cc -O3 -march=native -fopenmp` into `<cache>/kernels/` keyed by the source, the compiler and the CPU; no
 compiler, a failed build or a wrong answer on the start-up check make available() False (the caller
@@ -44,9 +44,6 @@ _GEMM_SLICE_ELEMS = 1 << 22  # that route dequantizes this many weight elements 
 BLOCKS: dict[int, tuple[int, int]] = {2: (32, 18), 6: (32, 22), 8: (32, 34), 12: (256, 144), 14: (256, 210)}
 GEMV_TYPES = frozenset({2, 6, 8, 14})  # what the loader runs here (Q4_K's float GEMV is 1.6x slower than int4)
 INT8_TYPES = frozenset({2, 6, 8, 12, 14})  # Q4_0, Q5_0, Q8_0, Q4_K, Q6_K: the integer-dot GEMV (linear(int8=True))
-# Types whose integer dot takes every row count up to MAX_ROWS, not one row only: Q4_K, whose float GEMV is
-# slower than the int4 planes it replaces (the loader runs Q4_K as blocks only where the integer dot is on).
-INT8_ROWS_TYPES = frozenset({12})
 
 
 @dataclass(frozen=True)
@@ -185,9 +182,9 @@ def dequantize(w: CPUBlocks) -> torch.Tensor:
 
 def linear(x: torch.Tensor, w: CPUBlocks, int8: bool = False) -> torch.Tensor:
     """x [..., K] -> [..., N] float32 (x is cast to float32): the GEMV for up to MAX_ROWS rows, else
-    dequantize + F.linear. int8: one row of an INT8_TYPES weight (up to MAX_ROWS of an INT8_ROWS_TYPES one)
-    takes the integer-dot GEMV where it is built (int8_available()): x rounded to int8 per 32 elements, as
-    llama.cpp's decode."""
+    dequantize + F.linear. int8: up to MAX_ROWS rows of an INT8_TYPES weight take the integer-dot GEMV where it
+    is built (int8_available()): x rounded to int8 per 32 elements, as llama.cpp's decode, each row's result
+    independent of the row count."""
     n, k = w.shape
     if x.shape[-1] != k:
         raise ValueError(f"cpu_gguf.linear: x has {x.shape[-1]} features, the weight {k}")
@@ -198,7 +195,7 @@ def linear(x: torch.Tensor, w: CPUBlocks, int8: bool = False) -> torch.Tensor:
         step = max(64, _GEMM_SLICE_ELEMS // k)
         parts = [F.linear(x2, dequantize(_rows(w, r0, min(n, r0 + step)))) for r0 in range(0, n, step)]
         return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)).reshape(*lead, n)
-    if int8 and (m == 1 or (m and w.qtype in INT8_ROWS_TYPES)) and w.qtype in INT8_TYPES and int8_available():
+    if int8 and m and w.qtype in INT8_TYPES and int8_available():
         return gemv_int8(_lib(), x2, w).reshape(*lead, n)
     y = torch.empty(m, n, dtype=torch.float32)
     if m and _lib().vs_gemv(w.qtype, w.blocks.data_ptr(), n, k, x2.data_ptr(), m, k, y.data_ptr(), n,
@@ -266,7 +263,7 @@ class StackedLinear:
     """A CPU QuantLinear's GGUF-block segments (stacked along N) as one kernel call each, written straight into
     their columns of one [m, N] float32 output: what QuantLinear.forward runs for up to MAX_ROWS rows, in place of
     linear() per segment and a concatenation (a decode step makes ~100 such calls, and each op costs
-    microseconds). The same kernels and the same int8 rule as linear(int8=...) per segment, so the same results."""
+    microseconds). The same kernels as linear(int8=...) per segment, so the same results."""
 
     max_rows = MAX_ROWS
 
@@ -292,7 +289,7 @@ class StackedLinear:
         y = torch.empty(m, self.n, dtype=torch.float32)
         lib, xp, yp, k, n, th = self._lib, x.data_ptr(), y.data_ptr(), self.k, self.n, torch.get_num_threads()
         for qtype, wp, rows, int8, off in self._parts:
-            if int8 and (m == 1 or qtype in INT8_ROWS_TYPES):
+            if int8:
                 rc = lib.vs_gemv_int8(qtype, wp, rows, k, xp, m, yp + 4 * off, n, th)
             else:
                 rc = lib.vs_gemv(qtype, wp, rows, k, xp, m, k, yp + 4 * off, n, th)

@@ -153,7 +153,7 @@ def _cpu_segments(parts: list[Part], held: Counter) -> list[Segment]:
         run.clear()
 
     # Q4_K runs as blocks only through the integer dot (its float GEMV is slower than the int4 planes)
-    block_types = cpu_gguf.GEMV_TYPES | (int8_types & cpu_gguf.INT8_ROWS_TYPES)
+    block_types = cpu_gguf.GEMV_TYPES | int8_types
     kind_of = lambda t: "gguf" if fast and t in block_types else "pack"  # noqa: E731
     for raw, t, shape in parts:
         kind = kind_of(t)
@@ -162,8 +162,7 @@ def _cpu_segments(parts: list[Part], held: Counter) -> list[Segment]:
         run.append((raw, t, shape))
         what = "GGUF blocks (CPU kernel)"
         if t in int8_types:
-            what = "GGUF blocks (CPU kernel, int8 x{})".format(
-                f" up to {cpu_gguf.MAX_ROWS} rows" if t in cpu_gguf.INT8_ROWS_TYPES else " at one row")
+            what = f"GGUF blocks (CPU kernel, int8 x up to {cpu_gguf.MAX_ROWS} rows)"
         held[f"{type_name(t)}: {what}" if kind == "gguf" else cpu_pack.describe(t)] += 1
     flush(bool(run) and kind_of(run[-1][1]) == "gguf")
     return segs
