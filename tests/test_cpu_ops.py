@@ -212,26 +212,11 @@ def _greedy(model, ids: list[int], n: int) -> tuple[list[int], torch.Tensor]:
     cfg = model.config
     bs, blocks = 16, math.ceil((len(ids) + n) / 16)
     caches = [torch.zeros(2, blocks * bs, cfg.num_kv_heads, cfg.head_dim) for _ in range(cfg.num_layers)]
-    seq, out, first = list(ids), [], None
-    new = list(ids)
+    first = _step_logits(model, caches, ids, 0, bs, blocks, last=True)[0]
+    out = [int(first.argmax())]
     while len(out) < n:
-        start = len(seq) - len(new)
-        ql, sl = len(new), len(seq)
-        meta = AttentionMetadata(
-            slot_mapping=torch.arange(start, sl), query_start_loc=torch.tensor([0, ql], dtype=torch.int32),
-            seq_lens=torch.tensor([sl], dtype=torch.int32),
-            block_tables=torch.arange(blocks, dtype=torch.int32)[None], max_query_len=ql, max_seq_len=sl,
-            block_size=bs)
-        for k, v in model.attn_backend.prepare_metadata([ql], [sl], [list(range(blocks))], bs, "cpu").items():
-            setattr(meta, k, v)
-        with torch.no_grad():
-            h, _ = model(torch.tensor(new), torch.arange(start, sl), meta, caches)
-            logits = model.compute_logits(h[-1:])
-        first = logits[0] if first is None else first
-        nxt = int(logits[0].argmax())
-        out.append(nxt)
-        seq.append(nxt)
-        new = [nxt]
+        logits = _step_logits(model, caches, out[-1:], len(ids) + len(out) - 1, bs, blocks, last=True)
+        out.append(int(logits[0].argmax()))
     return out, first
 
 
@@ -295,8 +280,9 @@ def test_speculation_on_the_quantized_cpu_path_is_lossless_and_self_drafts_are_a
             assert m["spec_decode_num_accepted_tokens"] == m["spec_decode_num_draft_tokens"], (seqs, m)
 
 
-def _step_logits(model, caches, ids: list[int], start: int, bs: int, blocks: int) -> torch.Tensor:
-    """Logits of one step feeding `ids` at positions start.. of a one-sequence paged cache (all rows)."""
+def _step_logits(model, caches, ids: list[int], start: int, bs: int, blocks: int, last: bool = False) -> torch.Tensor:
+    """Logits of one step feeding `ids` at positions start.. of a one-sequence paged cache (all rows; last: the
+    last row's only)."""
     ql, sl = len(ids), start + len(ids)
     meta = AttentionMetadata(
         slot_mapping=torch.arange(start, sl), query_start_loc=torch.tensor([0, ql], dtype=torch.int32),
@@ -306,7 +292,7 @@ def _step_logits(model, caches, ids: list[int], start: int, bs: int, blocks: int
         setattr(meta, k, v)
     with torch.no_grad():
         h, _ = model(torch.tensor(ids), torch.arange(start, sl), meta, caches)
-        return model.compute_logits(h)
+        return model.compute_logits(h[-1:] if last else h)
 
 
 @needs_int8
