@@ -101,7 +101,9 @@ def mma_configs(m: int, n: int, k: int, qtype: int) -> list[dict]:
                     dict(BLOCK_M=max(16, bm // 2), num_warps=4), dict(BLOCK_M=64, num_warps=4, SPLIT_K=2 * sp),
                     dict(SWAP=0, BLOCK_M=max(64, bm)), dict(BLOCK_N=128, BLOCK_M=up, num_warps=8),
                     dict(PARTS=1, num_stages=1), dict(BLOCK_M=64, num_warps=4, num_stages=1),
-                    dict(BLOCK_M=up, num_warps=8, num_stages=1)]
+                    dict(BLOCK_M=up, num_warps=8, num_stages=1), dict(BLOCK_N=128, num_warps=8, num_stages=3),
+                    dict(BLOCK_N=128, num_warps=8, PARTS=1), dict(BLOCK_N=256, num_warps=8),
+                    dict(BLOCK_N=128, num_warps=8, SPLIT_K=2 * sp), dict(num_stages=4)]
         out = []
         for v in variants:
             c = dict(base, **v)

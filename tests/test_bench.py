@@ -295,6 +295,21 @@ def test_profile_table_says_when_kernel_times_overlap():
     assert PDL_NOTE not in format_profile({**res, "pdl": False})
 
 
+def test_profile_categories_name_every_linear_kernel_family():
+    """Each kernel family of a step gets its own row: the GGUF kernels, the small-M and split-K Triton kernels
+    and the split-K reduce are not lumped into cuBLAS or "other" (names as Triton and cuBLAS give them)."""
+    from verispec.bench.profile import category
+
+    want = {"_mma_sb_kernel": "linear (GGUF tensor-core)", "_mma_kernel": "linear (GGUF tensor-core)",
+            "_dequant_kernel": "GGUF dequant (dense route)", "q4k_gemv1_kernel": "linear (Triton GEMV)",
+            "_kquant_gemv_kernel": "linear (Triton GEMV)", "_kquant_i8_kernel": "linear (GGUF GEMV)",
+            "_small_m_kernel": "linear (small-M Triton)", "_small_m_qkv_rope_kernel": "linear (small-M Triton)",
+            "_splitk_reduce_kernel": "split-K reduce", "_splitk_kernel": "linear (split-K Triton)",
+            "sm90_xmma_gemm_bf16bf16_bf16f32": "linear (cuBLAS)", "_rms_norm_kernel": "rms norm",
+            "_attn_kernel": "attention", "triton_poi_fused_0": "other"}
+    assert {name: category(name) for name in want} == want
+
+
 def test_invariance_rows_against_plain_batch_one(tmp_path):
     """bench invariance: the reference row (none at batch 1) and every (method, batch) row, with
     counts of mismatching requests. On the CPU in float32 the tiny model's greedy tokens do not depend

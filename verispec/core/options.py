@@ -52,6 +52,12 @@ class KernelOptions:
     # fused layer path (norms in the qkv / gate_up prologues, rotary + K/V write in the qkv kernel).
     # 0: off, the paths above (default until the H200 measures it: scripts/gpu_verify.sh).
     small_m_max_rows: int = 0
+    # With small_m_max_rows on: True, o, down and the LM head of those steps take the small-M kernel too;
+    # False, only the fused kernels do (norm + qkv + rotary + K/V write, norm + gate_up + SiLU-and-mul: the
+    # kernels that save launches), and o / down / the LM head keep linear.py's picks (skinny, cuBLAS), which won
+    # per layer on down_proj (11.3 us against 24.5 at 4 rows) and the LM head (114 against 164: session 11).
+    # The verify A/B: scripts/step_ablation.py --variants base,small-m=16,small-m=16+fused-only.
+    small_m_plain_linears: bool = True
     # GGUF weights (kernels/gguf_matmul.py), one row of Q4_K / Q6_K: the integer-dot GEMV (x quantized to int8
     # per 32 elements in the kernel, dp4a on the weights' quants, as llama.cpp) instead of the float one, which
     # is bound by unpacking each weight element (session 14: 22-26% of HBM bandwidth). Off until the H200
