@@ -22,6 +22,8 @@ Variants (comma-separated, the first is the reference; "+" joins parts):
   small-splitk       2..16 rows of down_proj through the split-K kernel, not cuBLAS (small_splitk)
   small-m=R          2..R rows (R <= 16) on the small-M tensor-core kernels and the fused layer path
                      (small_m_max_rows; kernels/small_m.py)
+  fused-qkv=R        2..R rows: only the norm + qkv + rotary + K/V write fused, in the one-row family's kernel
+                     (fused_qkv_max_rows)
   fused-only         with small-m: only the fused qkv and gate_up kernels small-M; o, down and the LM head
                      on linear.py's picks (small_m_plain_linears=False)
   l2=MB              attention asks L2 for MB of the next gate_up weight (l2_prefetch_bytes; 0: off)
@@ -52,6 +54,7 @@ from verispec.worker.graphs import CudaGraphRunner  # noqa: E402
 FIELDS = {"splits": ("attn_num_splits", int), "pps": ("attn_programs_per_sm", int),
           "splitk": ("splitk_max_rows", int), "splitk-min": ("splitk_min_rows", int),
           "gemv": ("gemv_max_rows", int), "small-m": ("small_m_max_rows", int),
+          "fused-qkv": ("fused_qkv_max_rows", int),
           "l2": ("l2_prefetch_bytes", lambda mb: int(float(mb) * (1 << 20))),
           "l2rows": ("l2_prefetch_max_rows", int), "l2seqs": ("l2_prefetch_max_seqs", int)}
 

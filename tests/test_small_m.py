@@ -267,12 +267,14 @@ def test_routed_layers_on_cuda_15b_shapes():
                                    ref_linear(h, gu, silu_mul=True).float(), **tol(torch.bfloat16))
 
 
-def test_fused_layer_path_on_the_small_m_kernels_matches_the_torch_path():
-    """The 2..16-row layer path (DecoderLayer._forward_fused with the small-M kernels: norms in the
-    prologues, rotary + K/V write in the qkv kernel) on a tiny float32 Qwen2 in the interpreter: the
-    logits of a 5-query verify chunk and of a 3-sequence decode step after a prefill, and the cache
-    they wrote, equal the torch path's. (On the CPU the layer's own dispatch keeps torch; the test
-    calls the fused path itself, with o / down / the LM head left to torch.)"""
+@pytest.mark.parametrize("path", ["small-m", "fused-qkv"])
+def test_fused_layer_path_on_the_small_m_kernels_matches_the_torch_path(path):
+    """The 2..16-row layer paths on a tiny float32 Qwen2 in the interpreter: DecoderLayer._forward_fused with
+    the small-M kernels (norms in the prologues, rotary + K/V write in the qkv kernel), and
+    _forward_fused_qkv (KernelOptions.fused_qkv_max_rows: only norm + qkv + rotary + K/V write fused, in the
+    one-row family's kernel): the logits of a 5-query verify chunk and of a 3-sequence decode step after a
+    prefill, and the cache they wrote, equal the torch path's. (On the CPU the layer's own dispatch keeps
+    torch; the test calls the fused path itself, with o / down / the LM head left to torch.)"""
     from tiny import tiny_model
 
     from verispec.config import ModelConfig
@@ -287,6 +289,8 @@ def test_fused_layer_path_on_the_small_m_kernels_matches_the_torch_path():
 
     def fused(layer):
         def forward(x, residual, positions, rotary, meta, kv_cache, backend):
+            if path == "fused-qkv":
+                return layer._forward_fused_qkv(x, residual, positions, rotary, meta, kv_cache, backend, None)
             return layer._forward_fused(x, residual, positions, rotary, meta, kv_cache, backend, None,
                                         smq.small_m_qkv_rope_write_kv, sm.small_m_linear)
         return forward
@@ -320,6 +324,17 @@ def test_fused_layer_path_on_the_small_m_kernels_matches_the_torch_path():
         torch.testing.assert_close(g_, w, atol=1e-4, rtol=1e-4)
     for w, g_ in zip(kv_want, kv_got, strict=True):
         torch.testing.assert_close(g_, w, atol=1e-5, rtol=1e-5)
+
+
+def test_fused_qkv_rows_are_validated_and_off_under_batch_invariance():
+    """fused_qkv_max_rows: 0..16 (a ValueError otherwise, when the options are built); batch_invariant=True
+    turns it off with the other shape-dependent paths."""
+    from verispec.models.kernel_path import Kernels
+
+    with pytest.raises(ValueError, match="fused_qkv_max_rows"):
+        KernelOptions(fused_qkv_max_rows=17)
+    assert Kernels(KernelOptions(fused_qkv_max_rows=4)).fused_qkv_max_rows == 4
+    assert Kernels(KernelOptions(fused_qkv_max_rows=4, batch_invariant=True)).fused_qkv_max_rows == 0
 
 
 def test_batch_invariant_mode_never_takes_the_small_m_path():

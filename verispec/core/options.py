@@ -58,6 +58,13 @@ class KernelOptions:
     # per layer on down_proj (11.3 us against 24.5 at 4 rows) and the LM head (114 against 164: session 11).
     # The verify A/B: scripts/step_ablation.py --variants base,small-m=16,small-m=16+fused-only.
     small_m_plain_linears: bool = True
+    # Steps of 2..fused_qkv_max_rows rows (above gemv_max_rows, not on the small-M path): the one-row family's
+    # norm + qkv + rotary + K/V write kernel (kernels/qkv_rope.py) for the attention's input, which drops the
+    # input norm's and the rotary's launches (~4.5 us a layer at 4 rows: session 28's verify profile); the rest
+    # of the layer as unfused (o, norm, gate_up, down on linear.py's picks). Its GEMV reduces row by row, so it
+    # pays only for a few rows (qkv at 8 rows: 8.0 us against the skinny kernel's 4.5, session 11). 0: off
+    # (until the GPU A/B, scripts/step_ablation.py --variants base,fused-qkv=4).
+    fused_qkv_max_rows: int = 0
     # GGUF weights (kernels/gguf_matmul.py), one row of Q4_K / Q6_K: the integer-dot GEMV (x quantized to int8
     # per 32 elements in the kernel, dp4a on the weights' quants, as llama.cpp) instead of the float one, which
     # is bound by unpacking each weight element (session 14: 22-26% of HBM bandwidth). Off until the H200
@@ -90,6 +97,8 @@ class KernelOptions:
         """A bad value is a ValueError when the options are built, before any kernel runs."""
         if not 0 <= self.small_m_max_rows <= 16:
             raise ValueError(f"small_m_max_rows must be 0 (off) or up to 16, got {self.small_m_max_rows}")
+        if not 0 <= self.fused_qkv_max_rows <= 16:
+            raise ValueError(f"fused_qkv_max_rows must be 0 (off) or up to 16, got {self.fused_qkv_max_rows}")
 
 
 DEFAULT_OPTIONS = KernelOptions()

@@ -1000,13 +1000,25 @@ def mma_config(m: int, n: int, k: int, qtype: int, superblock: bool = True) -> d
     narrow side, so every M takes the same instruction), BLOCK_M the power of two >= m in 16..128, 8 warps
     from 128 rows, an L2 prefetch one block ahead for Q6_K (its loads are synchronous). SWAP and PARTS fix
     the order of a row's sums; they do not vary with m. Other types and superblock=False (_mma_kernel): BLOCK_M as above,
-    BLOCK_N 64, BLOCK_K 64. Both: K split by mma_split (the shape only). (Not yet measured:
-    scripts/gpu_gguf_mma.sh sweeps the alternatives at M = 64 and 256.)"""
+    BLOCK_N 64, BLOCK_K 64. Both: K split by mma_split (the shape only; the super-block kernel doubles it
+    for narrow layers of K <= 2048). The super-block tiles from session 28's sweep
+    (`scripts/gguf_bench.py --rows 16,64,256`): see the comment below."""
     bm = min(128, max(16, triton.next_power_of_2(m)))
     split = mma_split(n, k)
     if qtype in SB_TYPES and superblock:
-        return dict(SB=1, BLOCK_M=bm, BLOCK_N=64, BLOCK_K=256, SPLIT_K=split, SWAP=1, PARTS=2,
-                    PREFETCH=1 if qtype == T.Q6_K else 0, num_warps=8 if bm >= 128 else 4, num_stages=2)
+        # Session 28's sweep on an H100 (docs/BENCHMARKS.md; the shape decides split and parts, so a row's sums
+        # still do not depend on m): narrow layers of K <= 2048 (qkv, o) split twice as far, down to one
+        # super-block a split (o at 16 / 64 rows: Q4_K 6.5 -> 5.4 / 8.1 -> 7.0 us, Q6_K 10.7 -> 8.4 / 15.8 -> 9.5);
+        # Q6_K's narrow layers in one part (qkv, o, down: 5-30% faster); Q4_K three stages up to 16 rows and
+        # on narrow layers (qkv 16 rows 6.9 -> 5.9 us, gate_up 27.0 -> 21.9, down 16.1 -> 15.4; 64 rows: qkv
+        # 8.6 -> 7.9, o 8.1 -> 7.4).
+        narrow = triton.cdiv(n, 64) < 100
+        if narrow and k <= 2048:
+            split = min(2 * split, max(1, k // 256))
+        stages = 3 if qtype == T.Q4_K and (m <= 16 or narrow) else 2
+        return dict(SB=1, BLOCK_M=bm, BLOCK_N=64, BLOCK_K=256, SPLIT_K=split, SWAP=1,
+                    PARTS=1 if qtype == T.Q6_K and narrow else 2, PREFETCH=1 if qtype == T.Q6_K else 0,
+                    num_warps=8 if bm >= 128 else 4, num_stages=stages)
     return dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=64, SPLIT_K=split, num_warps=4, num_stages=3)
 
 

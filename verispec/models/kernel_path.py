@@ -29,6 +29,7 @@ class Kernels:
         self.small_m_max_rows = options.small_m_max_rows
         if self.small_m_max_rows >= 2 and options.small_m_plain_linears:  # o, down, LM head too (takes_small_m)
             self.linear, self.gate_up_silu = small_m.linear, small_m.gate_up_silu
+        self.fused_qkv_max_rows = options.fused_qkv_max_rows  # 2..this many rows: the fused qkv kernel only
         self.small_m_linear = small_m.small_m_linear
         self.small_m_qkv_rope_write_kv = small_m_qkv.small_m_qkv_rope_write_kv
         self.small_m_head_dim = 2 * small_m_qkv.ROPE_PAIRS  # its qkv kernel takes head dims divisible by this
@@ -36,7 +37,7 @@ class Kernels:
             from verispec.kernels import invariant
 
             self.linear, self.gate_up_silu = invariant.linear, invariant.gate_up_silu
-            self.gemv_max_rows = self.small_m_max_rows = 0
+            self.gemv_max_rows = self.small_m_max_rows = self.fused_qkv_max_rows = 0
         self.rms_norm = fused.rms_norm
         self.qkv_rope_write_kv = qkv_rope.qkv_rope_write_kv
 

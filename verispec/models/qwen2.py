@@ -143,6 +143,8 @@ class DecoderLayer(nn.Module):
             if 2 <= rows <= k_.small_m_max_rows and self.self_attn.head_dim % k_.small_m_head_dim == 0:
                 return self._forward_fused(x, residual, positions, rotary, meta, kv_cache, backend, pf,
                                            k_.small_m_qkv_rope_write_kv, k_.small_m_linear)
+            if 2 <= rows <= k_.fused_qkv_max_rows:
+                return self._forward_fused_qkv(x, residual, positions, rotary, meta, kv_cache, backend, pf)
         if residual is None:
             residual = x
             x = self.input_layernorm(x)
@@ -150,6 +152,21 @@ class DecoderLayer(nn.Module):
             x, residual = self.input_layernorm(x, residual)
         x = self.self_attn(x, positions, rotary, meta, kv_cache, backend, pf)
         x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+    def _forward_fused_qkv(self, x, residual, positions, rotary, meta, kv_cache, backend, pf: Regions | None):
+        """A step of a few rows (KernelOptions.fused_qkv_max_rows) with only the attention's input fused: RMSNorm +
+        qkv + rotary + K/V write in the one-row family's kernel (qkv_rope.qkv_rope_write_kv, row by row), then
+        attention, o, the post-attention norm, gate_up + SiLU-mul and down as the unfused path runs them."""
+        attn, ln1 = self.self_attn, self.input_layernorm
+        k_ = attn.kernels
+        q, residual = k_.qkv_rope_write_kv(
+            x, attn.qkv_proj.weight, attn.qkv_proj.bias, positions, rotary.cos, rotary.sin, kv_cache,
+            meta.slot_mapping, attn.num_heads, attn.num_kv_heads, attn.head_dim, norm=(ln1.weight, ln1.eps),
+            residual=residual, options=k_.options)
+        a = backend.forward(q, kv_cache, meta, attn.scale, pf, window=attn.window)
+        o = _reduced(attn.tp, k_.linear(a.reshape(x.shape[0], -1), attn.o_proj.weight, options=k_.options))
+        x, residual = self.post_attention_layernorm(o, residual)
         return self.mlp(x), residual
 
     def _forward_fused(self, x, residual, positions, rotary, meta, kv_cache, backend, pf: Regions | None,
