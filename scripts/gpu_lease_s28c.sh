@@ -5,7 +5,8 @@
 #      weights, ctx 1024, queries 1, 2, 4, 5, 8, 16);
 #   2. issue 20: the super-block kernel's new default tiles (mma_config after session 28's sweep) at 16 and 64 rows,
 #      default pass only (compare with call B's default lines);
-#   3. the GGUF verify / decode ratio at batch 1 (the header-plus-zeros 1.5B, `bench profile --query-len 1 | 4 | 16`).
+#   3. the GGUF verify / decode ratio at batch 1 (the header-plus-zeros 1.5B, `bench profile --query-len 1 | 4 | 16`);
+#   4. the GGUF decode step at 64 and 256 sequences after the dense route's copies went (gguf_dense into out).
 # carry: .whl, .device-carry/hdr
 set -uo pipefail
 t0=$(date +%s)
@@ -28,6 +29,10 @@ for q in 1 4 16; do
     --query-len $q > "$R/profile_gguf_q$q.log" 2>&1
   echo "profile gguf q$q rc=$? at $(( $(date +%s) - t0 )) s"
 done
+timeout 90 $V bench profile --model "$G" --quantization gguf --device cuda --batch-sizes 64,256 --context 256 \
+  > "$R/profile_b256_gguf.log" 2>&1
+echo "profile b64/256 gguf rc=$? at $(( $(date +%s) - t0 )) s"
 grep -v "Warn\|_warn" "$R/verify_fused_qkv.log" | tail -40
 grep "M=\|per step" "$R/gguf_defaults.log" | cut -c1-150
 grep -h "step:\|replay" "$R"/profile_gguf_q*.log
+grep -v "Warn\|_warn" "$R/profile_b256_gguf.log" | head -60

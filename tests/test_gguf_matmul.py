@@ -293,18 +293,24 @@ def test_silu_mul(qtype, kernel, m, cfg):
 
 @pytest.mark.parametrize("qtype", TYPES)
 @pytest.mark.parametrize("bias,silu", [(False, False), (True, False), (False, True)])
-def test_dense_route_dequantizes_in_chunks(qtype, bias, silu):
+@pytest.mark.parametrize("chunks", [True, False])
+def test_dense_route_dequantizes_in_chunks(qtype, bias, silu, chunks):
     """gguf_dense: W's rows dequantized a chunk at a time (CHUNK small enough for 3 chunks of 16 rows and a
-    partial one) into x's dtype, then a dense GEMM: float32 here, so the reference's products exactly."""
+    partial one) or in one (the default CHUNK: the GEMM straight into the output, the bias in it) into x's dtype,
+    then a dense GEMM: float32 here, so the reference's products exactly; also into a column slice of a wider
+    output, whose other columns stay untouched."""
     n, k, m = 54, small_k(qtype), 7
     w = rand_weight(qtype, n, k, seed=qtype + 11)
     x = rand(m, k, seed=3) * (0.02 if silu else 1.0)
     b = rand(n, seed=4) if bias else None
-    cfg = dict(CHUNK=16 * k)
-    close(gm.gguf_dense(x, w, b, config=cfg, silu_mul=silu), gm.gguf_linear_ref(x, w, b, silu_mul=silu), 1e-5)
-    out = torch.full((m, 2 * n), 7.0)  # into a column slice of a wider output, the rest untouched
-    gm.gguf_dense(x, w, b, config=cfg, out=out[:, 3:3 + (n // 2 if silu else n)], silu_mul=silu)
-    assert (out[:, :3] == 7.0).all()
+    cfg = dict(CHUNK=16 * k) if chunks else None
+    ref = gm.gguf_linear_ref(x, w, b, silu_mul=silu)
+    close(gm.gguf_dense(x, w, b, config=cfg, silu_mul=silu), ref, 1e-5)
+    out = torch.full((m, 2 * n), 7.0)
+    width = n // 2 if silu else n
+    gm.gguf_dense(x, w, b, config=cfg, out=out[:, 3:3 + width], silu_mul=silu)
+    close(out[:, 3:3 + width], ref, 1e-5)
+    assert (out[:, :3] == 7.0).all() and (out[:, 3 + width:] == 7.0).all()
 
 
 def test_the_comparison_can_fail():

@@ -274,6 +274,12 @@ def test_silu_and_mul(device, dtype):
     gu = torch.randn(5, 2 * 1500, generator=g).to(device, dtype)
     gate, up = gu[:, :1500], gu[:, 1500:]  # strided views, as from a merged projection
     torch.testing.assert_close(fused.silu_and_mul(gate, up), fused.silu_and_mul_ref(gate, up), **tol(dtype))
+    wide = torch.full((5, 1600), 3.0, device=device, dtype=dtype)  # out=: a column slice, the rest untouched
+    assert fused.silu_and_mul(gate, up, out=wide[:, 50:1550]).data_ptr() == wide[:, 50:].data_ptr()
+    torch.testing.assert_close(wide[:, 50:1550], fused.silu_and_mul_ref(gate, up), **tol(dtype))
+    assert (wide[:, :50] == 3.0).all() and (wide[:, 1550:] == 3.0).all()
+    with pytest.raises(ValueError, match="out must be"):
+        fused.silu_and_mul(gate, up, out=wide[:, :1499])
 
 
 @pytest.mark.parametrize("device,dtype", DEVICES)

@@ -130,7 +130,8 @@ def rotary_write_kv_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
 
 
 @triton.jit
-def _silu_mul_kernel(g_ptr, u_ptr, out_ptr, n_cols, stride_g, stride_u, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _silu_mul_kernel(g_ptr, u_ptr, out_ptr, n_cols, stride_g, stride_u, stride_o, BLOCK: tl.constexpr,
+                     PDL: tl.constexpr):
     wait_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -138,24 +139,29 @@ def _silu_mul_kernel(g_ptr, u_ptr, out_ptr, n_cols, stride_g, stride_u, BLOCK: t
     g = tl.load(g_ptr + row * stride_g + c, mask=ok, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + row * stride_u + c, mask=ok, other=0.0).to(tl.float32)
     y = g / (1.0 + tl.exp(-g)) * u
-    tl.store(out_ptr + row * n_cols + c, y.to(out_ptr.dtype.element_ty), mask=ok)
+    tl.store(out_ptr + row * stride_o + c, y.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def silu_and_mul(gate: torch.Tensor, up: torch.Tensor, options: KernelOptions = DEFAULT_OPTIONS) -> torch.Tensor:
-    """SiLU(gate) * up for [..., N] inputs (last dim contiguous)."""
+def silu_and_mul(gate: torch.Tensor, up: torch.Tensor, options: KernelOptions = DEFAULT_OPTIONS,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """SiLU(gate) * up for [..., N] inputs (last dim contiguous), in float32, rounded once to gate's dtype (to
+    out's where given: a 2-D [rows, N] buffer with a unit last stride, e.g. a column slice)."""
     n = gate.shape[-1]
     g2, u2 = gate.reshape(-1, n), up.reshape(-1, n)
     if g2.stride(-1) != 1:
         g2 = g2.contiguous()
     if u2.stride(-1) != 1:
         u2 = u2.contiguous()
-    out = torch.empty(g2.shape, dtype=gate.dtype, device=gate.device)
+    res = torch.empty(g2.shape, dtype=gate.dtype, device=gate.device) if out is None else out
+    if tuple(res.shape) != tuple(g2.shape) or res.stride(-1) != 1:
+        raise ValueError(f"silu_and_mul: out must be {tuple(g2.shape)} with unit last stride, got {tuple(res.shape)}")
     block = min(1024, triton.next_power_of_2(n))
     if g2.shape[0]:
         _silu_mul_kernel[(g2.shape[0], triton.cdiv(n, block))](
-            g2, u2, out, n, g2.stride(0), u2.stride(0), BLOCK=block, num_warps=4, **launch_kwargs(gate.device, options.pdl),
+            g2, u2, res, n, g2.stride(0), u2.stride(0), res.stride(0), BLOCK=block, num_warps=4,
+            **launch_kwargs(gate.device, options.pdl),
         )
-    return out.view(gate.shape)
+    return res if out is not None else res.view(gate.shape)
 
 
 def silu_and_mul_ref(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
