@@ -19,7 +19,7 @@ G=/tmp/models/$M-zero.gguf
 cp ".device-carry/hdr/$M.hdr" "$G" && truncate -s "$(cat ".device-carry/hdr/$M.size")" "$G"
 V="python3 -m verispec.entrypoints.cli"
 timeout 200 python3 scripts/step_ablation.py --model $M --batch-sizes 1 --context 1024 --query-len 1,2,4,5,8,16 \
-  --variants base,fused-qkv=4,fused-qkv=8,fused-qkv=16 --rounds 5 --reps 50 > "$R/verify_fused_qkv.log" 2>&1
+  --variants base,fused-qkv=4,fused-qkv=4+skinny-norm,fused-qkv=8,fused-qkv=16+skinny-norm --rounds 5 --reps 50 > "$R/verify_fused_qkv.log" 2>&1
 echo "verify fused-qkv rc=$? at $(( $(date +%s) - t0 )) s"
 timeout 150 python3 scripts/gguf_bench.py --device cuda --rows 16,64 --qtypes Q4_K,Q6_K --sweep-qtypes '' \
   --iters 30 --json "$R/gguf_defaults.json" > "$R/gguf_defaults.log" 2>&1

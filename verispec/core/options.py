@@ -65,6 +65,10 @@ class KernelOptions:
     # pays only for a few rows (qkv at 8 rows: 8.0 us against the skinny kernel's 4.5, session 11). 0: off
     # (until the GPU A/B, scripts/step_ablation.py --variants base,fused-qkv=4).
     fused_qkv_max_rows: int = 0
+    # With fused_qkv_max_rows: the post-attention norm in gate_up's skinny kernel (its K loop, kernels/linear.py)
+    # instead of a kernel of its own, one more launch fewer a layer. Off until the GPU A/B
+    # (scripts/step_ablation.py --variants base,fused-qkv=4,fused-qkv=4+skinny-norm).
+    skinny_norm: bool = False
     # GGUF weights (kernels/gguf_matmul.py), one row of Q4_K / Q6_K: the integer-dot GEMV (x quantized to int8
     # per 32 elements in the kernel, dp4a on the weights' quants, as llama.cpp) instead of the float one, which
     # is bound by unpacking each weight element (session 14: 22-26% of HBM bandwidth). Off until the H200
