@@ -1010,12 +1010,14 @@ def mma_config(m: int, n: int, k: int, qtype: int, superblock: bool = True) -> d
         # still do not depend on m): narrow layers of K <= 2048 (qkv, o) split twice as far, down to one
         # super-block a split (o at 16 / 64 rows: Q4_K 6.5 -> 5.4 / 8.1 -> 7.0 us, Q6_K 10.7 -> 8.4 / 15.8 -> 9.5);
         # Q6_K's narrow layers in one part (qkv, o, down: 5-30% faster); Q4_K three stages up to 16 rows and
-        # on narrow layers (qkv 16 rows 6.9 -> 5.9 us, gate_up 27.0 -> 21.9, down 16.1 -> 15.4; 64 rows: qkv
+        # on qkv / o up to 64 rows (qkv 16 rows 6.9 -> 5.9 us, gate_up 27.0 -> 21.9, down 16.1 -> 15.4; 64 rows: qkv
         # 8.6 -> 7.9, o 8.1 -> 7.4).
         narrow = triton.cdiv(n, 64) < 100
         if narrow and k <= 2048:
             split = min(2 * split, max(1, k // 256))
-        stages = 3 if qtype == T.Q4_K and (m <= 16 or narrow) else 2
+        # (three stages of BLOCK_M 128 need more than the H100's 227 KB of shared memory: two from 65 rows)
+        # (call C of session 28: down_proj at 64 rows lost with three, 23.1 -> 27.4 us: only K <= 2048 there)
+        stages = 3 if qtype == T.Q4_K and (m <= 16 or (narrow and k <= 2048)) and bm <= 64 else 2
         return dict(SB=1, BLOCK_M=bm, BLOCK_N=64, BLOCK_K=256, SPLIT_K=split, SWAP=1,
                     PARTS=1 if qtype == T.Q6_K and narrow else 2, PREFETCH=1 if qtype == T.Q6_K else 0,
                     num_warps=8 if bm >= 128 else 4, num_stages=stages)
