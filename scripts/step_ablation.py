@@ -24,7 +24,6 @@ Variants (comma-separated, the first is the reference; "+" joins parts):
                      (small_m_max_rows; kernels/small_m.py)
   fused-qkv=R        2..R rows: only the norm + qkv + rotary + K/V write fused, in the one-row family's kernel
                      (fused_qkv_max_rows)
-  skinny-norm        with fused-qkv: the post-attention norm in gate_up's skinny kernel (skinny_norm)
   fused-only         with small-m: only the fused qkv and gate_up kernels small-M; o, down and the LM head
                      on linear.py's picks (small_m_plain_linears=False)
   l2=MB              attention asks L2 for MB of the next gate_up weight (l2_prefetch_bytes; 0: off)
@@ -78,8 +77,6 @@ def variant(model, name: str) -> None:
             opts = dataclasses.replace(opts, pdl=False)
         elif key == "small-splitk":
             opts = dataclasses.replace(opts, small_splitk=True)
-        elif key == "skinny-norm":
-            opts = dataclasses.replace(opts, skinny_norm=True)
         elif key == "fused-only":
             opts = dataclasses.replace(opts, small_m_plain_linears=False)
         elif key in FIELDS:

@@ -44,34 +44,6 @@ def test_gate_up_silu(device, dtype, m, inter, k):
 
 
 @pytest.mark.parametrize("device,dtype", [CPU, GPU])
-@pytest.mark.parametrize("m,inter,k,silu,bias,residual", [
-    (2, 64, 100, True, False, True), (7, 19, 300, True, False, False), (5, 33, 260, False, True, True),
-    (16, 40, 1536, True, False, True), (3, 45, 77, False, False, False),
-])
-def test_skinny_norm_prologue(device, dtype, m, inter, k, silu, bias, residual):
-    """skinny_linear with norm=: RMSNorm(x (+ residual)) * nw in the K loop == fused.rms_norm_ref, then the
-    product (SiLU-and-mul, bias); the new residual is x + residual exactly as rms_norm_ref rounds it, and x
-    itself without one. With K > BLOCK_K the row's sum of squares spans several tiles."""
-    from verispec.kernels.fused import rms_norm_ref
-
-    n = 2 * inter if silu else inter
-    x = rand(m, k, seed=m + k, device=device, dtype=dtype)
-    r = rand(m, k, seed=m + 1, device=device, dtype=dtype) if residual else None
-    nw = rand(k, seed=3, device=device, dtype=dtype, scale=0.1) + 1
-    w = rand(n, k, seed=inter, device=device, dtype=dtype, scale=k**-0.5)
-    b = rand(n, seed=n, device=device, dtype=dtype) if bias else None
-    out, rout = lin.skinny_linear(x, w, b, silu_mul=silu, norm=(nw, 1e-6), residual=r)
-    normed = rms_norm_ref(x, nw, 1e-6, r)
-    if residual:
-        normed, want_res = normed
-        assert torch.equal(rout, want_res)
-    else:
-        assert rout is x
-    want = lin.skinny_linear_ref(normed, w, b, silu_mul=silu)
-    torch.testing.assert_close(out.float(), want.float(), **tol(dtype))
-
-
-@pytest.mark.parametrize("device,dtype", [CPU, GPU])
 def test_strided_rows_and_wide_output(device, dtype):
     """x may be a row-strided view (e.g. gathered hidden rows); a wide N uses the bigger column tile."""
     base = rand(4, 300, seed=1, device=device, dtype=dtype)

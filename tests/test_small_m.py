@@ -267,13 +267,12 @@ def test_routed_layers_on_cuda_15b_shapes():
                                    ref_linear(h, gu, silu_mul=True).float(), **tol(torch.bfloat16))
 
 
-@pytest.mark.parametrize("path", ["small-m", "fused-qkv", "fused-qkv+skinny-norm"])
+@pytest.mark.parametrize("path", ["small-m", "fused-qkv"])
 def test_fused_layer_path_on_the_small_m_kernels_matches_the_torch_path(path):
     """The 2..16-row layer paths on a tiny float32 Qwen2 in the interpreter: DecoderLayer._forward_fused with
     the small-M kernels (norms in the prologues, rotary + K/V write in the qkv kernel), and
     _forward_fused_qkv (KernelOptions.fused_qkv_max_rows: only norm + qkv + rotary + K/V write fused, in the
-    one-row family's kernel; with skinny_norm also the post-attention norm in gate_up's skinny
-    kernel): the logits of a 5-query verify chunk and of a 3-sequence decode step after a
+    one-row family's kernel): the logits of a 5-query verify chunk and of a 3-sequence decode step after a
     prefill, and the cache they wrote, equal the torch path's. (On the CPU the layer's own dispatch keeps
     torch; the test calls the fused path itself, with o / down / the LM head left to torch.)"""
     from tiny import tiny_model
@@ -286,11 +285,11 @@ def test_fused_layer_path_on_the_small_m_kernels_matches_the_torch_path(path):
                                num_heads=3, num_kv_heads=1, head_dim=32, max_position_embeddings=512,
                                tie_word_embeddings=False)
     model = tiny_model(cfg, seed=3)
-    kernels = Kernels(KernelOptions(small_m_max_rows=16, skinny_norm=path.endswith("skinny-norm")))
+    kernels = Kernels(KernelOptions(small_m_max_rows=16))
 
     def fused(layer):
         def forward(x, residual, positions, rotary, meta, kv_cache, backend):
-            if path.startswith("fused-qkv"):
+            if path == "fused-qkv":
                 return layer._forward_fused_qkv(x, residual, positions, rotary, meta, kv_cache, backend, None)
             return layer._forward_fused(x, residual, positions, rotary, meta, kv_cache, backend, None,
                                         smq.small_m_qkv_rope_write_kv, sm.small_m_linear)

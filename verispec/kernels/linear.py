@@ -100,17 +100,12 @@ def _gemv_kernel(
 
 @triton.jit
 def _skinny_kernel(
-    x_ptr, w_ptr, b_ptr, out_ptr, nw_ptr, r_ptr, rout_ptr, eps, M, N_OUT, UP_OFFSET,
+    x_ptr, w_ptr, b_ptr, out_ptr, M, N_OUT, UP_OFFSET,
     stride_xm, stride_wn, stride_om, K: tl.constexpr,
-    HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, USE_DOT: tl.constexpr, NORM: tl.constexpr,
-    HAS_RES: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, USE_DOT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr, PDL: tl.constexpr,
 ):
-    """out[m, n] = sum_k x[m, k] w[n, k] (+ b[n]); SILU_MUL: silu(that) * (same with row n + UP_OFFSET).
-    NORM: x is RMSNorm(x (+ residual)) * nw, the norm riding in the K loop: each tile feeds x * nw (rounded to
-    x's dtype) to the dot and adds x^2 to the row's sum of squares, and the sums are scaled by the row's
-    1 / rms after the loop (the bias after that). HAS_RES: x + residual rounded to x's dtype first (rows of K
-    contiguous elements), stored to rout by the programs of the first column block."""
+    """out[m, n] = sum_k x[m, k] w[n, k] (+ b[n]); SILU_MUL: silu(that) * (same with row n + UP_OFFSET)."""
     wait_prior(PDL)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -121,22 +116,11 @@ def _skinny_kernel(
     x_rows = x_ptr + m.to(tl.int64)[:, None] * stride_xm
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    ss = tl.zeros([BLOCK_M], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + kr
         k_ok = k < K
         x = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        if NORM:
-            xm = m_ok[:, None] & k_ok[None, :]
-            if HAS_RES:
-                res = m.to(tl.int64)[:, None] * K + k[None, :]
-                x = (x.to(tl.float32) + tl.load(r_ptr + res, mask=xm, other=0.0).to(tl.float32)).to(x.dtype)
-                if tl.program_id(0) == 0:
-                    tl.store(rout_ptr + res, x, mask=xm)
-            xf = x.to(tl.float32)
-            ss += tl.sum(xf * xf, axis=1)
-            x = (xf * tl.load(nw_ptr + k, mask=k_ok, other=0.0).to(tl.float32)[None, :]).to(x.dtype)
         if USE_DOT:
             acc += tl.dot(x, tl.trans(w), input_precision=DOT_PREC)
         else:
@@ -147,10 +131,6 @@ def _skinny_kernel(
                 acc_up += tl.dot(x, tl.trans(wu), input_precision=DOT_PREC)
             else:
                 acc_up += tl.sum(x.to(tl.float32)[:, None, :] * wu.to(tl.float32)[None, :, :], axis=2)
-    if NORM:
-        inv = (1.0 / tl.sqrt(ss / K + eps))[:, None]
-        acc *= inv
-        acc_up *= inv
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     if SILU_MUL:
@@ -184,27 +164,21 @@ def _out_for(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool) -> tuple[int
 def skinny_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, silu_mul: bool = False,
     config: dict | None = None, options: KernelOptions = DEFAULT_OPTIONS,
-    norm: tuple[torch.Tensor, float] | None = None, residual: torch.Tensor | None = None,
-):
+) -> torch.Tensor:
     """The Triton path: x [M, K] (last dim contiguous) times weight [N, K]^T -> [M, N] (or [M, N/2]
-    with silu_mul, where weight stacks [gate; up]). norm=(weight, eps): RMSNorm(x (+ residual)) first, in the
-    K loop (the kernel's docstring); then returns (out, the new residual x + residual, or x without one), as
-    gemv does."""
+    with silu_mul, where weight stacks [gate; up])."""
     m, k, n_out, out = _out_for(x, weight, silu_mul)
-    assert residual is None or (norm is not None and residual.shape == x.shape and residual.is_contiguous())
-    rout = torch.empty_like(x) if residual is not None else x
     if m == 0:
-        return out if norm is None else (out, rout)
+        return out
     cfg = dict(config or skinny_config(m, n_out, k, silu_mul) or _FALLBACK)
     grid = (triton.cdiv(n_out, cfg["BLOCK_N"]), triton.cdiv(m, cfg["BLOCK_M"]))
-    nw, eps = norm if norm is not None else (weight, 0.0)
     _skinny_kernel[grid](
-        x, weight, bias if bias is not None else weight, out, nw, residual if residual is not None else x, rout,
-        eps, m, n_out, n_out if silu_mul else 0, x.stride(0), weight.stride(0), out.stride(0), K=k,
-        HAS_BIAS=bias is not None, SILU_MUL=silu_mul, NORM=norm is not None, HAS_RES=residual is not None,
-        DOT_PREC=_dot_prec(x), **cfg, **launch_kwargs(x.device, options.pdl),
+        x, weight, bias if bias is not None else weight, out, m, n_out, n_out if silu_mul else 0,
+        x.stride(0), weight.stride(0), out.stride(0), K=k,
+        HAS_BIAS=bias is not None, SILU_MUL=silu_mul, DOT_PREC=_dot_prec(x), **cfg,
+        **launch_kwargs(x.device, options.pdl),
     )
-    return out if norm is None else (out, rout)
+    return out
 
 
 def _dot_prec(x: torch.Tensor) -> str:

@@ -23,7 +23,6 @@ class Kernels:
 
         self.options = options
         self.linear, self.gemv, self.gate_up_silu = linear.linear, linear.gemv, linear.gate_up_silu
-        self.skinny_linear, self.skinny_config = linear.skinny_linear, linear.skinny_config
         self.gemv_max_rows = options.gemv_max_rows  # steps of at most this many rows: the one-row path
         # Steps of 2..small_m_max_rows rows (above gemv_max_rows): the same fused layer path on the
         # small-M tensor-core kernels.

@@ -157,8 +157,7 @@ class DecoderLayer(nn.Module):
     def _forward_fused_qkv(self, x, residual, positions, rotary, meta, kv_cache, backend, pf: Regions | None):
         """A step of a few rows (KernelOptions.fused_qkv_max_rows) with only the attention's input fused: RMSNorm +
         qkv + rotary + K/V write in the one-row family's kernel (qkv_rope.qkv_rope_write_kv, row by row), then
-        attention, o, the post-attention norm, gate_up + SiLU-mul and down as the unfused path runs them (with
-        KernelOptions.skinny_norm the norm rides in gate_up's skinny kernel where that kernel takes the shape)."""
+        attention, o, the post-attention norm, gate_up + SiLU-mul and down as the unfused path runs them."""
         attn, ln1 = self.self_attn, self.input_layernorm
         k_ = attn.kernels
         q, residual = k_.qkv_rope_write_kv(
@@ -167,14 +166,8 @@ class DecoderLayer(nn.Module):
             residual=residual, options=k_.options)
         a = backend.forward(q, kv_cache, meta, attn.scale, pf, window=attn.window)
         o = _reduced(attn.tp, k_.linear(a.reshape(x.shape[0], -1), attn.o_proj.weight, options=k_.options))
-        mlp, ln2 = self.mlp, self.post_attention_layernorm
-        gu = mlp.gate_up_proj.weight
-        if k_.options.skinny_norm and k_.skinny_config(x.shape[0], gu.shape[0] // 2, gu.shape[1], True) is not None:
-            y, residual = k_.skinny_linear(o, gu, silu_mul=True, norm=(ln2.weight, ln2.eps), residual=residual,
-                                           options=k_.options)
-            return _reduced(mlp.tp, k_.linear(y, mlp.down_proj.weight, options=k_.options)), residual
-        x, residual = ln2(o, residual)
-        return mlp(x), residual
+        x, residual = self.post_attention_layernorm(o, residual)
+        return self.mlp(x), residual
 
     def _forward_fused(self, x, residual, positions, rotary, meta, kv_cache, backend, pf: Regions | None,
                        qkv_rope, norm_linear):
