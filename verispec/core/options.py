@@ -65,8 +65,9 @@ class KernelOptions:
     # pays only for a few rows (qkv at 8 rows: 8.0 us against the skinny kernel's 4.5, session 11). Session 28's
     # A/B on an H100 (scripts/step_ablation.py --variants base,fused-qkv=4,..., docs/BENCHMARKS.md): 2 queries
     # 1,666 -> 1,611 us (verify / decode 1.242 -> 1.201), 4 queries 1,721 -> 1,736 (a loss). 0: off, until the
-    # real-model GPU test (tests/test_decode_gpu.py [fused-qkv]) has run; 2 is the candidate default. (Session 28 also measured the post-attention norm in the skinny gate_up kernel's
-    # K loop on this path: 4 queries 1,736 -> 2,659 us, so that variant was removed.)
+    # real-model GPU test (tests/test_decode_gpu.py [fused-qkv]) has run; 2 is the candidate default. (Session
+    # 28 also measured the post-attention norm in the skinny gate_up kernel's K loop on this path: 4 queries
+    # 1,736 -> 2,659 us, so that variant was removed.)
     fused_qkv_max_rows: int = 0
     # GGUF weights (kernels/gguf_matmul.py), one row of Q4_K / Q6_K: the integer-dot GEMV (x quantized to int8
     # per 32 elements in the kernel, dp4a on the weights' quants, as llama.cpp) instead of the float one, which

@@ -158,16 +158,22 @@ class DecoderLayer(nn.Module):
         """A step of a few rows (KernelOptions.fused_qkv_max_rows) with only the attention's input fused: RMSNorm +
         qkv + rotary + K/V write in the one-row family's kernel (qkv_rope.qkv_rope_write_kv, row by row), then
         attention, o, the post-attention norm, gate_up + SiLU-mul and down as the unfused path runs them."""
+        o, residual = self._fused_attention(x, residual, positions, rotary, meta, kv_cache, backend, pf,
+                                            self.self_attn.kernels.qkv_rope_write_kv)
+        x, residual = self.post_attention_layernorm(o, residual)
+        return self.mlp(x), residual
+
+    def _fused_attention(self, x, residual, positions, rotary, meta, kv_cache, backend, pf: Regions | None, qkv_rope):
+        """The attention half of the fused paths: RMSNorm + qkv + rotary + K/V write in one `qkv_rope` kernel,
+        attention, o; returns (o's output, the new residual)."""
         attn, ln1 = self.self_attn, self.input_layernorm
         k_ = attn.kernels
-        q, residual = k_.qkv_rope_write_kv(
+        q, residual = qkv_rope(
             x, attn.qkv_proj.weight, attn.qkv_proj.bias, positions, rotary.cos, rotary.sin, kv_cache,
             meta.slot_mapping, attn.num_heads, attn.num_kv_heads, attn.head_dim, norm=(ln1.weight, ln1.eps),
             residual=residual, options=k_.options)
         a = backend.forward(q, kv_cache, meta, attn.scale, pf, window=attn.window)
-        o = _reduced(attn.tp, k_.linear(a.reshape(x.shape[0], -1), attn.o_proj.weight, options=k_.options))
-        x, residual = self.post_attention_layernorm(o, residual)
-        return self.mlp(x), residual
+        return _reduced(attn.tp, k_.linear(a.reshape(x.shape[0], -1), attn.o_proj.weight, options=k_.options)), residual
 
     def _forward_fused(self, x, residual, positions, rotary, meta, kv_cache, backend, pf: Regions | None,
                        qkv_rope, norm_linear):
@@ -179,15 +185,10 @@ class DecoderLayer(nn.Module):
         the one-row kernels (qkv_rope.qkv_rope_write_kv, linear.gemv) or the 2..16-row ones
         (small_m_qkv.small_m_qkv_rope_write_kv, small_m.small_m_linear); o and down go through
         Kernels.linear, which picks the same family by row count."""
-        attn, mlp, ln1, ln2 = self.self_attn, self.mlp, self.input_layernorm, self.post_attention_layernorm
-        k_ = attn.kernels
+        mlp, ln2 = self.mlp, self.post_attention_layernorm
+        k_ = self.self_attn.kernels
         o_ = k_.options
-        q, residual = qkv_rope(
-            x, attn.qkv_proj.weight, attn.qkv_proj.bias, positions, rotary.cos, rotary.sin, kv_cache,
-            meta.slot_mapping, attn.num_heads, attn.num_kv_heads, attn.head_dim, norm=(ln1.weight, ln1.eps),
-            residual=residual, options=o_)
-        a = backend.forward(q, kv_cache, meta, attn.scale, pf, window=attn.window)
-        o = _reduced(attn.tp, k_.linear(a.reshape(x.shape[0], -1), attn.o_proj.weight, options=o_))
+        o, residual = self._fused_attention(x, residual, positions, rotary, meta, kv_cache, backend, pf, qkv_rope)
         y, residual = norm_linear(o, mlp.gate_up_proj.weight, silu_mul=True, norm=(ln2.weight, ln2.eps),
                                   residual=residual, options=o_)
         return _reduced(mlp.tp, k_.linear(y, mlp.down_proj.weight, options=o_)), residual
