@@ -18,10 +18,11 @@ from gguf.constants import GGMLQuantizationType as T
 
 from verispec.core.options import KernelOptions
 from verispec.kernels import gguf_matmul as gm
-from verispec.kernels.gguf_gemv import q4k_gemv1_config
+from verispec.kernels.gguf_gemv import q4k_gemv1_config, q6k_gemv1_config, resident_tiles
 from verispec.loader.dequant import quants
 
 Q4 = int(T.Q4_K)
+Q6 = int(T.Q6_K)
 ON = KernelOptions(gguf_gemv1=True)  # the one-row kernel (the default since session 26)
 OFF = KernelOptions(gguf_gemv1=False)  # gguf_matmul's super-block GEMV
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -74,6 +75,17 @@ def dot_error_bound(x: torch.Tensor, w: gm.GGUFWeight) -> tuple[torch.Tensor, to
     return (x.double().cpu() @ wd.T), bound
 
 
+def q6k_error_bound(x: torch.Tensor, w: gm.GGUFWeight) -> tuple[torch.Tensor, torch.Tensor]:
+    """dot_error_bound for the Q6_K kernel: its weight d sc (q - 32) is one FMA of exact float32 terms (a f + c,
+    a = 64 d sc, c = -96 d sc), so it rounds once (<= U |w|); each lane chains 16 products, then <= 7 + 1 + 31 + 1
+    roundings of the reduction: fewer than D = K / 32 + 256."""
+    wd = w.dequantize().double().cpu()
+    ax = x.double().abs().cpu()
+    d = w.shape[1] / 32 + 256
+    bound = U * (ax @ wd.abs().T) + (d * U / (1 - d * U)) * (ax @ wd.abs().T)
+    return (x.double().cpu() @ wd.T), bound
+
+
 def within_bound(out: torch.Tensor, x: torch.Tensor, w: gm.GGUFWeight, bias: torch.Tensor | None,
                  silu_mul: bool) -> None:
     """|out - exact| <= E + one bfloat16 ulp at |exact| + E, for every output: E is dot_error_bound's
@@ -81,7 +93,7 @@ def within_bound(out: torch.Tensor, x: torch.Tensor, w: gm.GGUFWeight, bias: tor
     of the float32 epilogue); the ulp covers the rounding to bfloat16, to nearest (GPU) or toward zero (the
     interpreter)."""
     assert out.dtype == torch.bfloat16 and out.isfinite().all()
-    y, e = dot_error_bound(x, w)
+    y, e = (q6k_error_bound if w.qtype == Q6 else dot_error_bound)(x, w)
     if silu_mul:
         h = w.shape[0] // 2
         g, up, eg, eu = y[:, :h], y[:, h:], e[:, :h], e[:, h:]
@@ -98,7 +110,8 @@ def within_bound(out: torch.Tensor, x: torch.Tensor, w: gm.GGUFWeight, bias: tor
 
 
 def one_row(x, w, bias=None, silu_mul=False, **tiles):
-    cfg = dict(ONE_ROW=1, BLOCK_M=1, **(tiles or q4k_gemv1_config(w.shape[0] // (2 if silu_mul else 1), w.shape[1])))
+    config = q6k_gemv1_config if w.qtype == Q6 else q4k_gemv1_config
+    cfg = dict(ONE_ROW=1, BLOCK_M=1, **(tiles or config(w.shape[0] // (2 if silu_mul else 1), w.shape[1])))
     return gm.gguf_gemv(x, w, bias, config=cfg, silu_mul=silu_mul)
 
 
@@ -117,6 +130,64 @@ def test_one_row_is_within_the_float32_bound_of_the_exact_dot(n, k, tiles, silu,
     x = bf16(1, k, seed=k)
     b = bf16(n, seed=n) if bias else None
     within_bound(one_row(x, w, b, silu, **tiles), x, w, b, silu)
+
+
+@pytest.mark.parametrize("n,k,tiles,silu,bias", [
+    (37, 1536, dict(RES=1, BLOCK_N=2, num_warps=4), False, True),   # 6 = 4 + 2 super-blocks; N odd: masked rows
+    (16, 768, dict(RES=1, BLOCK_N=4, num_warps=4), True, False),     # 3 = 2 + 1; [gate; up]
+    (12, 1280, dict(RES=1, BLOCK_N=4, num_warps=2), False, False),   # 5 = 4 + 2, the second tile masked
+    (8, 2048, dict(RES=1, BLOCK_N=8, num_warps=4), False, False),    # 8: one tile, no second
+])
+def test_the_resident_form_is_within_the_bound(n, k, tiles, silu, bias):
+    """Q4_K's resident form (every byte of the rows requested before the PDL wait, the row as two tiles)."""
+    w = gm.random_weight(Q4, 2 * n if silu else n, k, seed=n + k)
+    x = bf16(1, k, seed=k)
+    b = bf16(n, seed=n) if bias else None
+    within_bound(one_row(x, w, b, silu, **tiles), x, w, b, silu)
+
+
+@pytest.mark.parametrize("n,k,tiles,silu,bias", [
+    (37, 1536, {}, False, False),                              # default tiles, 6 = 4 + 2, N odd
+    (9, 768, dict(BLOCK_N=4, num_warps=4), False, True),       # 3 = 2 + 1; bias
+    (16, 1280, dict(BLOCK_N=2, num_warps=2), True, False),     # 5 = 4 + 2 masked; [gate; up]
+    (4, 256, dict(BLOCK_N=4, num_warps=1), False, False),      # one super-block
+])
+def test_q6k_one_row_is_within_the_bound(n, k, tiles, silu, bias):
+    """The resident Q6_K GEMV against the float64 dot of loader/dequant.py's weights."""
+    w = gm.random_weight(Q6, 2 * n if silu else n, k, seed=n + k)
+    x = bf16(1, k, seed=k)
+    b = bf16(n, seed=n) if bias else None
+    within_bound(one_row(x, w, b, silu, **tiles), x, w, b, silu)
+
+
+def test_the_q6k_bound_catches_one_elements_high_bits():
+    """One element's qh bit pair changed (its quant 32 away, the element of the row's largest x so that the
+    change shows above the sums' error): the output of that row breaks the bound, the others keep it. So a
+    kernel that read qh at the wrong bits would fail the test above."""
+    n, k = 8, 1536
+    w = gm.random_weight(Q6, n, k, seed=11)
+    x = bf16(1, k, seed=12)
+    e = int(x[0].float().abs().argmax())
+    s, r = divmod(e, 256)
+    h, r = divmod(r, 128)
+    j, pos = divmod(r, 32)
+    blocks = w.blocks.clone().view(n, k // 256, 210)
+    blocks[3, s, 128 + 32 * h + pos] ^= 2 << (2 * j)  # the high bit of the pair: q +- 32
+    bad = gm.GGUFWeight.from_raw(blocks.reshape(-1), Q6, (n, k))
+    out = one_row(x, bad)
+    y, bound = q6k_error_bound(x, w)
+    ratio = ((out.double() - y).abs() / (bound + 2 * U * y.abs() + _ulp(y.abs() + bound)))[0]
+    assert ratio[3] > 1.0, ratio
+    assert (ratio[torch.arange(n) != 3] <= 1.0).all(), ratio
+
+
+def test_resident_tiles():
+    """The largest power of two of the row's super-blocks, then the power of two >= the rest."""
+    assert resident_tiles(1536) == (4, 2)
+    assert resident_tiles(8960) == (32, 4)
+    assert resident_tiles(2048) == (8, 0)
+    assert resident_tiles(768) == (2, 1)
+    assert resident_tiles(256) == (1, 0)
 
 
 def folded_weights(w: gm.GGUFWeight) -> torch.Tensor:
@@ -182,7 +253,11 @@ def test_dispatch_takes_it_for_one_bf16_row_of_q4k_only():
     assert KernelOptions().gguf_gemv1 and gm.linear_plan(1, 2048, 1536, Q4)[1]["ONE_ROW"] == 1
     assert "ONE_ROW" not in gm.linear_plan(1, 2048, 1536, Q4, OFF)[1]
     assert "ONE_ROW" not in gm.linear_plan(1, 2048, 1536, Q4, KernelOptions(gguf_gemv1=True, gguf_int8_gemv=True))[1]
-    assert "ONE_ROW" not in gm.linear_plan(1, 2048, 1536, int(T.Q6_K), ON)[1]
+    assert "ONE_ROW" not in gm.linear_plan(1, 2048, 1536, Q6, ON)[1]
+    q6 = gm.linear_plan(1, 2048, 1536, Q6, KernelOptions(gguf_gemv1_q6k=True))[1]
+    assert q6["ONE_ROW"] == 1 and q6 == dict(ONE_ROW=1, BLOCK_M=1, **q6k_gemv1_config(2048, 1536))
+    assert gm.linear_plan(1, 2048, 1536, Q4, KernelOptions(gguf_gemv1_resident=True))[1]["RES"] == 1
+    assert "RES" not in gm.linear_plan(1, 2048, 1536, Q4, ON)[1]
     assert gm.linear_plan(2, 2048, 1536, Q4, ON)[0] == "mma"
     w = gm.random_weight(Q4, 21, 512, seed=5)
     x = torch.randn(1, 512, generator=torch.Generator().manual_seed(6))
@@ -203,10 +278,12 @@ def test_default_tiles():
 @gpu
 @pytest.mark.parametrize("n,k,silu", [(2048, 1536, False), (1536, 1536, False), (17920, 1536, True),
                                       (1536, 8960, False), (151936, 1536, False), (1000, 2304, False)])
-def test_gpu_one_row_at_real_shapes(n, k, silu):
+@pytest.mark.parametrize("qtype,resident", [(Q4, False), (Q4, True), (Q6, True)])
+def test_gpu_one_row_at_real_shapes(n, k, silu, qtype, resident):
     """Compiled (inline PTX), the 1.5B's qkv, o, gate_up, down and LM head shapes and an odd one: within
-    the float32 bound of the exact dot, through gguf_linear's own dispatch."""
-    w = gm.random_weight(Q4, 2 * n if silu else n, k, seed=n, device="cuda")
+    the float32 bound of the exact dot, through gguf_linear's own dispatch; Q4_K in both forms, Q6_K."""
+    opts = KernelOptions(gguf_gemv1_q6k=True, gguf_gemv1_resident=resident)
+    w = gm.random_weight(qtype, 2 * n if silu else n, k, seed=n, device="cuda")
     x = bf16(1, k, seed=k, device="cuda")
-    assert gm.linear_plan(1, n, k, Q4, ON)[1].get("ONE_ROW") == 1
-    within_bound(gm.gguf_linear(x, w, silu_mul=silu, options=ON), x, w, None, silu)
+    assert gm.linear_plan(1, n, k, qtype, opts)[1].get("ONE_ROW") == 1
+    within_bound(gm.gguf_linear(x, w, silu_mul=silu, options=opts), x, w, None, silu)

@@ -240,6 +240,10 @@ def add_bench_parser(sub) -> None:
                         "gguf_matmul's super-block GEMV (KernelOptions.gguf_gemv1; the default)")
     p.add_argument("--no-gguf-gemv1", action="store_true",
                    help="one row of Q4_K on gguf_matmul's super-block GEMV instead (KernelOptions.gguf_gemv1=False)")
+    p.add_argument("--gguf-gemv1-q6k", action="store_true",
+                   help="one row of Q6_K on kernels/gguf_gemv.py's resident GEMV (KernelOptions.gguf_gemv1_q6k)")
+    p.add_argument("--gguf-gemv1-resident", action="store_true",
+                   help="one row of Q4_K on gguf_gemv1's resident form (KernelOptions.gguf_gemv1_resident)")
     p = kind("serve", "streaming clients against a running OpenAI-compatible server")
     from verispec.bench.serve import add_arguments
 
@@ -400,7 +404,8 @@ def _kernels(args) -> int:
         res["rows"] = []
         options = KernelOptions(pdl=not args.no_pdl, small_m_max_rows=args.small_m_max_rows,
                                 small_m_plain_linears=not args.small_m_fused_only,
-                                gguf_int8_gemv=args.gguf_int8_gemv, gguf_gemv1=not args.no_gguf_gemv1)
+                                gguf_int8_gemv=args.gguf_int8_gemv, gguf_gemv1=not args.no_gguf_gemv1,
+                                gguf_gemv1_q6k=args.gguf_gemv1_q6k, gguf_gemv1_resident=args.gguf_gemv1_resident)
         for b in args.batch_sizes:
             r = run_profile(bm.model, b, args.query_len, args.context, options=options)
             print(format_profile(r), flush=True)

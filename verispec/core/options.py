@@ -82,6 +82,13 @@ class KernelOptions:
     # it is 8-17% faster than the old kernel at every 1.5B shape; on the 1.5B's Q4_K_M shapes and types the
     # batch-1 step replays in 1,597 us against 1,715 (H100, session 26, docs/BENCHMARKS.md): on by default.
     gguf_gemv1: bool = True
+    # One row of Q6_K with bfloat16 x (the 1.5B's LM head, half its down and v projections: 502 of the batch-1
+    # step's 1,259 us of GEMVs on the old kernel, session 28's H100 profile): kernels/gguf_gemv.py's resident
+    # Q6_K GEMV (every byte of a program's rows requested before the PDL wait). Off until a GPU has timed it.
+    gguf_gemv1_q6k: bool = False
+    # One row of Q4_K on gguf_gemv1: the resident form (the row's bytes requested at once, not a loop whose steps
+    # each wait for memory). Off until a GPU has timed it.
+    gguf_gemv1_resident: bool = False
 
     # CUDA graphs (worker/graphs.py): stage a replay's inputs (and fill its placeholders) with one
     # kernel; False: the torch copies and fills (session 6: the kernel won at batch 1 and in host

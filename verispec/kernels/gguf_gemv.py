@@ -164,32 +164,234 @@ def _q4k_rows_sum(x64_ptr, w32_ptr, n, N, NSB: tl.constexpr, SB: tl.constexpr, B
         nxt = tl.minimum(s0 + SB, NSB - SB) if EVEN else s0 + SB
         q, h0, h1, h2, h3 = _q4k_tile(w32_ptr, rowoff, okn, nxt, NSB, SB, EVEN)
         acc = _q4k_step(acc, x64_ptr, s0, cq, c0, c1, c2, c3, NSB, SB, EVEN, ASM)
+    return _sum5(acc)
+
+
+@triton.jit
+def _sum5(acc):
     return tl.sum(tl.sum(tl.sum(tl.sum(acc, axis=4), axis=3), axis=0), axis=0)
+
+
+@triton.jit
+def _q4k_piece(x64_ptr, s0, q, h0, h1, h2, h3, NSB: tl.constexpr, SB: tl.constexpr, BLOCK_N: tl.constexpr,
+               EVEN: tl.constexpr, ASM: tl.constexpr):
+    """x . W over the super-blocks s0 .. s0 + SB of one resident tile (from _q4k_tile), float32 [BLOCK_N]."""
+    acc = tl.zeros([4, SB, BLOCK_N, 4, 2], tl.float32)
+    return _sum5(_q4k_step(acc, x64_ptr, s0, q, h0, h1, h2, h3, NSB, SB, EVEN, ASM))
+
+
+@triton.jit
+def _q4k_rows_resident(x64_ptr, w32_ptr, n, N, NSB: tl.constexpr, SB: tl.constexpr, SB1: tl.constexpr,
+                       BLOCK_N: tl.constexpr, EVEN: tl.constexpr, EVEN1: tl.constexpr, SILU_MUL: tl.constexpr,
+                       ASM: tl.constexpr, PDL: tl.constexpr):
+    """(x . W[n], x . W[n + N] with SILU_MUL, else the first again) in float32 [BLOCK_N], every byte of the rows
+    requested before the PDL wait: the row as two tiles of SB and SB1 super-blocks (SB the largest power of two
+    <= the row's, SB1 the power of two >= the rest, masked; 0: none). One round trip to memory a program, where
+    the loop of _q4k_rows_sum makes one a step (each step's bytes wait for the last step's)."""
+    rowoff = n.to(tl.int64)[None, None, :] * (NSB * 36)
+    okn = (n < N)[None, None, :]
+    q, h0, h1, h2, h3 = _q4k_tile(w32_ptr, rowoff, okn, 0, NSB, SB, EVEN)
+    if SB1 > 0:
+        r, g0, g1, g2, g3 = _q4k_tile(w32_ptr, rowoff, okn, SB, NSB, SB1, EVEN1)
+    if SILU_MUL:
+        upoff = rowoff + N * (NSB * 36)
+        uq, u0, u1, u2, u3 = _q4k_tile(w32_ptr, upoff, okn, 0, NSB, SB, EVEN)
+        if SB1 > 0:
+            ur, v0, v1, v2, v3 = _q4k_tile(w32_ptr, upoff, okn, SB, NSB, SB1, EVEN1)
+    wait_prior(PDL)
+    acc = _q4k_piece(x64_ptr, 0, q, h0, h1, h2, h3, NSB, SB, BLOCK_N, EVEN, ASM)
+    if SB1 > 0:
+        acc += _q4k_piece(x64_ptr, SB, r, g0, g1, g2, g3, NSB, SB1, BLOCK_N, EVEN1, ASM)
+    up = acc
+    if SILU_MUL:
+        up = _q4k_piece(x64_ptr, 0, uq, u0, u1, u2, u3, NSB, SB, BLOCK_N, EVEN, ASM)
+        if SB1 > 0:
+            up += _q4k_piece(x64_ptr, SB, ur, v0, v1, v2, v3, NSB, SB1, BLOCK_N, EVEN1, ASM)
+    return acc, up
 
 
 @triton.jit
 def q4k_gemv1_kernel(x64_ptr, w32_ptr, b_ptr, out_ptr, N, K: tl.constexpr, HAS_BIAS: tl.constexpr,
                      SILU_MUL: tl.constexpr, BLOCK_N: tl.constexpr, SB: tl.constexpr, EVEN: tl.constexpr,
-                     ASM: tl.constexpr, PDL: tl.constexpr):
+                     ASM: tl.constexpr, PDL: tl.constexpr, RES: tl.constexpr = False, SB1: tl.constexpr = 0,
+                     EVEN1: tl.constexpr = False):
     """out[0, n] = x[0] . W[n] (+ bias) for BLOCK_N rows n a program; SILU_MUL: W stacks [gate; up] (up row
-    n + N), out = silu(gate) * up."""
+    n + N), out = silu(gate) * up. RES: the rows resident (_q4k_rows_resident; SB, SB1 its two tiles), else
+    the loop over SB super-blocks a step."""
     NSB: tl.constexpr = K // 256
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = _q4k_rows_sum(x64_ptr, w32_ptr, n, N, NSB, SB, BLOCK_N, EVEN, ASM, PDL)
+    if RES:
+        acc, up = _q4k_rows_resident(x64_ptr, w32_ptr, n, N, NSB, SB, SB1, BLOCK_N, EVEN, EVEN1, SILU_MUL,
+                                     ASM, PDL)
+        if SILU_MUL:
+            acc = acc / (1.0 + tl.exp(-acc)) * up
+    else:
+        acc = _q4k_rows_sum(x64_ptr, w32_ptr, n, N, NSB, SB, BLOCK_N, EVEN, ASM, PDL)
+        if SILU_MUL:
+            up = _q4k_rows_sum(x64_ptr, w32_ptr, n + N, 2 * N, NSB, SB, BLOCK_N, EVEN, ASM, False)
+            acc = acc / (1.0 + tl.exp(-acc)) * up
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)
+    tl.store(out_ptr + n, acc.to(out_ptr.dtype.element_ty), mask=n < N)
+
+
+Q6_K_BYTES = 210  # d (f16) last; ql 128, qh 64, 16 int8 scales: 105 int16, blocks only 2-byte aligned
+
+
+@triton.jit
+def _i16_pair(i16_ptr, at, ok, EVEN: tl.constexpr):
+    """The int32 word of the int16 pair at element offsets at, at + 1 (0 where not ok)."""
+    if EVEN:
+        lo = tl.load(i16_ptr + at)
+        hi = tl.load(i16_ptr + at + 1)
+    else:
+        lo = tl.load(i16_ptr + at, mask=ok, other=0)
+        hi = tl.load(i16_ptr + at + 1, mask=ok, other=0)
+    return (lo.to(tl.int32) & 0xFFFF) | (hi.to(tl.int32) << 16)
+
+
+@triton.jit
+def _q6k_tile(i16_ptr, rowoff, okn, s0, NSB: tl.constexpr, SB: tl.constexpr, EVEN: tl.constexpr):
+    """Super-blocks s0 .. s0 + SB of the Q6_K rows at int16 offsets `rowoff` [1, 1, 1, BN], as int32 words
+    [8, 2, SB, BN] per word w (4 byte positions l = 4 w .. 4 w + 3) and half h (128 elements): ql bytes l (a)
+    and l + 32 (b) of the half, its qh bytes l (c); the half's 8 scale bytes as two words s01, s23
+    (scale j's bytes in the 16-bit half j % 2 of s01 / s23 by j // 2) and d in float32, all [8, 2, SB, BN].
+    (w first: no load here is provably contiguous or aligned, and Triton then lays the threads out in dimension
+    order, so a warp's loads are w's neighbouring bytes.)"""
+    s = s0 + tl.arange(0, SB)[None, None, :, None]
+    h = tl.arange(0, 2)[None, :, None, None]
+    w = tl.arange(0, 8)[:, None, None, None]
+    blk = rowoff + s * 105
+    ok = okn & (s < NSB)
+    at = blk + h * 32 + w * 2  # ql byte 64 h + 4 w
+    a = _i16_pair(i16_ptr, at, ok, EVEN)
+    b = _i16_pair(i16_ptr, at + 16, ok, EVEN)
+    c = _i16_pair(i16_ptr, blk + 64 + h * 16 + w * 2, ok, EVEN)  # qh byte 128 + 32 h + 4 w
+    # the scales and d read in the quant words' shape (so their layout: no conversion where they meet)
+    sat = blk + 96 + h * 4 + w * 0  # scale bytes 192 + 8 h ..
+    s01 = _i16_pair(i16_ptr, sat, ok, EVEN)
+    s23 = _i16_pair(i16_ptr, sat + 2, ok, EVEN)
+    if EVEN:
+        d = tl.load(i16_ptr + sat + 8 - h * 4)
+    else:
+        d = tl.load(i16_ptr + sat + 8 - h * 4, mask=ok, other=0)
+    return a, b, c, s01, s23, d.to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _bits(word, pos: tl.constexpr, width: tl.constexpr, dst: tl.constexpr):
+    """Bits pos .. pos + width of word moved to bits dst .. dst + width, the others 0; width 2 at dst 4 from
+    pos: the same move in each byte (the 2-bit fields pos, pos + 8, .. to bits 4, 5 of their bytes)."""
+    mask: tl.constexpr = 0x30303030 if width == 2 and dst == 4 else ((1 << width) - 1) << dst
+    if pos >= dst:
+        return (word >> (pos - dst)) & mask
+    return (word << (dst - pos)) & mask
+
+
+@triton.jit
+def _q6k_piece(x64_ptr, s0, a, b, c, s01, s23, d, NSB: tl.constexpr, SB: tl.constexpr, BLOCK_N: tl.constexpr,
+               EVEN: tl.constexpr):
+    """x . W over one resident Q6_K tile (from _q6k_tile), float32 [BLOCK_N]. Element 128 h + 32 j + l of a
+    super-block (l = 4 w + i) has quant q = ql nibble | qh bit pair << 4 (ql byte l's low nibble for j = 0,
+    byte l + 32's for j = 1, their high nibbles for j = 2, 3; qh byte l's bits 2 j) and weight d sc (q - 32),
+    sc the int8 scale 8 h + 2 j + w // 4. From f = 1 + q / 64 (q's bits in 1.0's mantissa: no conversion) the
+    weight is one FMA, a f + c with a = 64 d sc and c = -96 d sc (both exact in float32); one FMA into an
+    elementwise accumulator, reduced once."""
+    s = s0 + tl.arange(0, SB)[None, None, :, None]
+    h = tl.arange(0, 2)[None, :, None, None]
+    w = tl.arange(0, 8)[:, None, None, None]
+    half = w // 4  # which byte of a scale's int16 half
+    acc = tl.zeros([8, 2, SB, BLOCK_N], tl.float32)
+    for j in tl.static_range(4):
+        sw = s01 if j < 2 else s23
+        sc = ((sw << (24 - 16 * (j % 2) - 8 * half)) >> 24).to(tl.float32)  # the int8, sign-extended
+        ds = d * sc
+        aj = 64.0 * ds
+        cj = -96.0 * ds
+        src = a if j % 2 == 0 else b
+        # x's 4 elements 128 h + 32 j + 4 w .. as one int64, read in the words' shape for every row, its
+        # offset along w written as (2 w) // 2 so that the compiler sees it no more contiguous than the
+        # words' (2 w: int16 pairs): the same layout (else the accumulator is converted at every update)
+        xat = s * 64 + h * 32 + 8 * j + (2 * w) // 2
+        xat, _ = tl.broadcast(xat, a)
+        if EVEN:
+            xw = tl.load(x64_ptr + xat)
+        else:  # a missing super-block's x is 0 (its weights are 0: no NaN)
+            xw = tl.load(x64_ptr + xat, mask=s < NSB, other=0)
+        # the 4 quants of the word, a byte each: the nibbles j // 2 and the qh pairs j (bits 4, 5 of each byte)
+        q4 = ((src >> (4 * (j // 2))) & 0x0F0F0F0F) | _bits(c, 2 * j, 2, 4)
+        for i in tl.static_range(4):
+            f = (_bits(q4, 8 * i, 6, 17) | 0x3F800000).to(tl.float32, bitcast=True)
+            acc += (f * aj + cj) * _bf16_at(xw, i)
+    return tl.sum(tl.sum(tl.sum(acc, axis=0), axis=0), axis=0)
+
+
+@triton.jit
+def _q6k_rows_resident(x64_ptr, i16_ptr, n, N, NSB: tl.constexpr, SB: tl.constexpr, SB1: tl.constexpr,
+                       BLOCK_N: tl.constexpr, EVEN: tl.constexpr, EVEN1: tl.constexpr, SILU_MUL: tl.constexpr,
+                       PDL: tl.constexpr):
+    """_q4k_rows_resident for Q6_K rows."""
+    rowoff = n.to(tl.int64)[None, None, None, :] * (NSB * 105)
+    okn = (n < N)[None, None, None, :]
+    a, b, c, s01, s23, d = _q6k_tile(i16_ptr, rowoff, okn, 0, NSB, SB, EVEN)
+    if SB1 > 0:
+        a1, b1, c1, t01, t23, d1 = _q6k_tile(i16_ptr, rowoff, okn, SB, NSB, SB1, EVEN1)
     if SILU_MUL:
-        up = _q4k_rows_sum(x64_ptr, w32_ptr, n + N, 2 * N, NSB, SB, BLOCK_N, EVEN, ASM, False)
+        upoff = rowoff + N * (NSB * 105)
+        ua, ub, uc, u01, u23, ud = _q6k_tile(i16_ptr, upoff, okn, 0, NSB, SB, EVEN)
+        if SB1 > 0:
+            va, vb, vc, v01, v23, vd = _q6k_tile(i16_ptr, upoff, okn, SB, NSB, SB1, EVEN1)
+    wait_prior(PDL)
+    acc = _q6k_piece(x64_ptr, 0, a, b, c, s01, s23, d, NSB, SB, BLOCK_N, EVEN)
+    if SB1 > 0:
+        acc += _q6k_piece(x64_ptr, SB, a1, b1, c1, t01, t23, d1, NSB, SB1, BLOCK_N, EVEN1)
+    up = acc
+    if SILU_MUL:
+        up = _q6k_piece(x64_ptr, 0, ua, ub, uc, u01, u23, ud, NSB, SB, BLOCK_N, EVEN)
+        if SB1 > 0:
+            up += _q6k_piece(x64_ptr, SB, va, vb, vc, v01, v23, vd, NSB, SB1, BLOCK_N, EVEN1)
+    return acc, up
+
+
+@triton.jit
+def q6k_gemv1_kernel(x64_ptr, i16_ptr, b_ptr, out_ptr, N, K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     SILU_MUL: tl.constexpr, BLOCK_N: tl.constexpr, SB: tl.constexpr, SB1: tl.constexpr,
+                     EVEN: tl.constexpr, EVEN1: tl.constexpr, PDL: tl.constexpr):
+    """q4k_gemv1_kernel's resident form for Q6_K weights (i16_ptr: the blocks as int16)."""
+    NSB: tl.constexpr = K // 256
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc, up = _q6k_rows_resident(x64_ptr, i16_ptr, n, N, NSB, SB, SB1, BLOCK_N, EVEN, EVEN1, SILU_MUL, PDL)
+    if SILU_MUL:
         acc = acc / (1.0 + tl.exp(-acc)) * up
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)
     tl.store(out_ptr + n, acc.to(out_ptr.dtype.element_ty), mask=n < N)
 
 
-def q4k_gemv1_config(n: int, k: int) -> dict:
+def resident_tiles(k: int) -> tuple[int, int]:
+    """(SB, SB1) of a resident row of k // 256 super-blocks: the largest power of two <= it, and the power of
+    two >= the rest (0 if none): 6 -> (4, 2), 35 -> (32, 4)."""
+    nsb = k // 256
+    sb = 1 << (nsb.bit_length() - 1)
+    rest = nsb - sb
+    return sb, (1 << (rest - 1).bit_length()) if rest else 0
+
+
+def q4k_gemv1_config(n: int, k: int, resident: bool = False) -> dict:
     """Tiles of q4k_gemv1_kernel for an [n, k] Q4_K weight: SB super-blocks a step (4 chunk threads each, so
     4 SB threads a row), BLOCK_N rows a program. From session 24's sweep on an H100 (docs/BENCHMARKS.md): below
     16,384 rows, SB 8 and 4 rows a program of 4 warps (o 2.9 us, down 10.6, each within 3% of the best tile);
     from there on, where there are programs enough, SB 1 and 16 rows a program of 2 warps (gate_up 12.5 us,
-    the best; LM head 88.7, 7% over the best)."""
+    the best; LM head 88.7, 7% over the best). resident: the resident form (RES=1), 2 rows a program of 4 warps
+    (a first guess, not yet swept on a GPU)."""
+    if resident:
+        return dict(RES=1, BLOCK_N=2, num_warps=4)
     if n >= 16384:
         return dict(BLOCK_N=16, SB=1, num_warps=2)
     return dict(BLOCK_N=4, SB=8, num_warps=4)
+
+
+def q6k_gemv1_config(n: int, k: int) -> dict:
+    """Tiles of q6k_gemv1_kernel for an [n, k] Q6_K weight (always resident: every byte of a program's rows
+    requested at once): 2 rows a program of 4 warps. A first guess, not yet swept on a GPU."""
+    return dict(BLOCK_N=2, num_warps=4)

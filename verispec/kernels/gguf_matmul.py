@@ -36,7 +36,13 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from verispec.core import envs
 from verispec.core.options import DEFAULT_OPTIONS, KernelOptions
-from verispec.kernels.gguf_gemv import q4k_gemv1_config, q4k_gemv1_kernel
+from verispec.kernels.gguf_gemv import (
+    q4k_gemv1_config,
+    q4k_gemv1_kernel,
+    q6k_gemv1_config,
+    q6k_gemv1_kernel,
+    resident_tiles,
+)
 from verispec.kernels.l2_prefetch import prefetch_supported
 from verispec.kernels.linear import _splitk_reduce_kernel, splitk_split
 from verispec.kernels.pdl import launch_kwargs, wait_prior
@@ -953,7 +959,8 @@ def _check(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None, silu_mul: 
     return x if x.stride(1) == 1 else x.contiguous()
 
 
-def gemv_config(m: int, n: int, k: int, qtype: int, int8: bool = False, one_row: bool = False) -> dict:
+def gemv_config(m: int, n: int, k: int, qtype: int, int8: bool = False, one_row: bool = False,
+                one_row_q6k: bool = False, resident: bool = False) -> dict:
     """Tiles for the GEMV. Q4_K / Q6_K (_kquant_gemv_kernel): BLOCK_K = 256 x the super-blocks per step (2 where
     they divide a row of up to 8, else 4), BLOCK_N 8 rows for wide layers (the LM head, gate_up), else 4;
     BLOCK_M 1 for one row (the single-row variant: fewer registers, the same arithmetic per row).
@@ -962,10 +969,13 @@ def gemv_config(m: int, n: int, k: int, qtype: int, int8: bool = False, one_row:
     row's result does not depend on how many rows came with it. (First guesses: scripts/gpu_gguf.sh sweeps.)
     int8 (Q4_K / Q6_K: _kquant_i8_kernel, I8=1): 2 super-blocks a step where they divide the row, else 1,
     BLOCK_N 16 rows for wide layers, else 8 (unmeasured guesses: `scripts/gguf_bench.py --int8` sweeps).
-    one_row (one row of Q4_K, KernelOptions.gguf_gemv1): kernels/gguf_gemv.py's kernel (ONE_ROW=1; gguf_gemv
-    takes the tiles above instead for an x that is not bfloat16)."""
+    one_row (one row of Q4_K, KernelOptions.gguf_gemv1) and one_row_q6k (of Q6_K, KernelOptions.gguf_gemv1_q6k):
+    kernels/gguf_gemv.py's kernels (ONE_ROW=1; gguf_gemv takes the tiles above instead for an x that is not
+    bfloat16); resident (KernelOptions.gguf_gemv1_resident): Q4_K's in the resident form."""
     if one_row and m == 1 and qtype == T.Q4_K and not int8:
-        return dict(ONE_ROW=1, BLOCK_M=1, **q4k_gemv1_config(n, k))
+        return dict(ONE_ROW=1, BLOCK_M=1, **q4k_gemv1_config(n, k, resident))
+    if one_row_q6k and m == 1 and qtype == T.Q6_K and not int8:
+        return dict(ONE_ROW=1, BLOCK_M=1, **q6k_gemv1_config(n, k))
     if int8 and qtype in KQUANT_GEMV_TYPES:
         nsb = max(1, k // 256)
         return dict(I8=1, BLOCK_M=1 if m == 1 else GEMV_MAX_ROWS, BLOCK_N=16 if n >= 16384 else 8,
@@ -1080,22 +1090,33 @@ def gguf_gemv(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None, 
 
 
 def _one_row_ok(x: torch.Tensor, w: GGUFWeight) -> bool:
-    """True where kernels/gguf_gemv.py's kernel takes this call: one bfloat16 row (read as int64 words: its
-    start 16-byte aligned) and a Q4_K weight."""
-    return (w.qtype == T.Q4_K and x.shape[0] == 1 and x.dtype == torch.bfloat16 and x.data_ptr() % 16 == 0
-            and x.stride(0) % 4 == 0 and w.blocks.data_ptr() % 16 == 0)
+    """True where kernels/gguf_gemv.py's kernels take this call: one bfloat16 row (read as int64 words: its
+    start 16-byte aligned) and a Q4_K or Q6_K weight."""
+    return (w.qtype in (T.Q4_K, T.Q6_K) and x.shape[0] == 1 and x.dtype == torch.bfloat16
+            and x.data_ptr() % 16 == 0 and x.stride(0) % 4 == 0 and w.blocks.data_ptr() % 16 == 0)
 
 
 def _one_row(x: torch.Tensor, w: GGUFWeight, b: torch.Tensor, out: torch.Tensor, has_bias: bool, silu_mul: bool,
              cfg: dict, pdl: dict) -> None:
-    """Launch q4k_gemv1_kernel on one row (cfg: q4k_gemv1_config's tiles, BLOCK_M dropped)."""
+    """Launch q4k_gemv1_kernel or q6k_gemv1_kernel on one row (cfg: their *_config tiles, BLOCK_M dropped;
+    RES=1: the resident form, its two tiles from resident_tiles)."""
     n, k = out.shape[1], w.shape[1]
     cfg.pop("BLOCK_M", None)
-    nsb = k // 256
-    even = nsb % cfg["SB"] == 0 and n % cfg["BLOCK_N"] == 0  # no masks
-    q4k_gemv1_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
+    nsb, grid = k // 256, (triton.cdiv(n, cfg["BLOCK_N"]),)
+    even_n = n % cfg["BLOCK_N"] == 0
+    if cfg.pop("RES", 0) or w.qtype == T.Q6_K:
+        sb, sb1 = resident_tiles(k)
+        tiles = dict(SB=sb, SB1=sb1, EVEN=even_n, EVEN1=even_n and sb + sb1 == nsb)
+        if w.qtype == T.Q6_K:
+            q6k_gemv1_kernel[grid](x.view(torch.int64), w.blocks.view(torch.int16), b, out, n, K=k,
+                                   HAS_BIAS=has_bias, SILU_MUL=silu_mul, **tiles, **cfg, **pdl)
+            return
+        cfg.update(tiles, RES=True)
+    else:
+        cfg["EVEN"] = nsb % cfg["SB"] == 0 and even_n  # no masks
+    q4k_gemv1_kernel[grid](
         x.view(torch.int64), w.blocks.view(torch.int32), b, out, n, K=k, HAS_BIAS=has_bias, SILU_MUL=silu_mul,
-        EVEN=even, ASM=not envs.triton_interpret(), **cfg, **pdl,
+        ASM=not envs.triton_interpret(), **cfg, **pdl,
     )
 
 
@@ -1221,7 +1242,8 @@ def linear_plan(m: int, n: int, k: int, qtype: int, options: KernelOptions = DEF
     if options.batch_invariant:
         return "mma", mma_config(m, n, k, qtype)
     if m <= (KQUANT_GEMV_ROWS if qtype in KQUANT_GEMV_TYPES else GEMV_MAX_ROWS):
-        return "gemv", gemv_config(m, n, k, qtype, options.gguf_int8_gemv, options.gguf_gemv1)
+        return "gemv", gemv_config(m, n, k, qtype, options.gguf_int8_gemv, options.gguf_gemv1,
+                                   options.gguf_gemv1_q6k, options.gguf_gemv1_resident)
     if m >= DENSE_MIN_ROWS:
         return "dense", {}
     return "mma", mma_config(m, n, k, qtype)
