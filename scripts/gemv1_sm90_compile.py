@@ -41,8 +41,9 @@ def compile_one(qtype: str, n: int, k: int, silu: bool, cfg: dict, sass: bool = 
     sig = {"x64_ptr": "*i64", ("i16_ptr" if qtype == "Q6_K" else "w32_ptr"): w, "b_ptr": "*bf16",
            "out_ptr": "*bf16", "N": "i32"}
     const = dict(K=k, HAS_BIAS=False, SILU_MUL=silu, PDL=True, **cfg)
+    const["ASM"] = True
     if qtype != "Q6_K":
-        const.update(ASM=True, RES=res)
+        const["RES"] = res
     sig.update({name: "constexpr" for name in const})
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kern.arg_names) if name.endswith("_ptr")}
     ck = triton.compile(ASTSource(kern, sig, const, attrs), target=GPUTarget("cuda", 90, 32),

@@ -62,11 +62,11 @@ def gemv_configs(m: int, int8: bool = False, one_row: bool = False, resident: bo
     variant (BLOCK_M 1) of the same tiles. int8: the integer-dot GEMV's tiles (BLOCK_N 4..64 rows, 1 or 2
     super-blocks a step, 4 or 8 warps). one_row (one row of Q4_K: kernels/gguf_gemv.py): SB 1..8 super-blocks
     a step with 4 SB threads a row, 1..8 warps (BLOCK_N = 32 warps / SB rows), and twice those rows; resident:
-    the resident form's tiles first (RES=1). q6k (one row of Q6_K on kernels/gguf_gemv.py): resident_configs."""
+    the resident form's tiles instead (RES=1). q6k (one row of Q6_K on kernels/gguf_gemv.py): resident_configs."""
     if q6k and m == 1:
         return resident_configs()
     if one_row and m == 1 and resident:
-        return [dict(c, RES=1) for c in resident_configs()] + gemv_configs(m, int8, one_row)
+        return [dict(c, RES=1) for c in resident_configs()]
     if one_row and m == 1:
         return [dict(ONE_ROW=1, BLOCK_M=1, BLOCK_N=bn, SB=sb, num_warps=w)
                 for sb, w in itertools.product([1, 2, 4, 8], [1, 2, 4, 8]) for bn in (32 * w // (4 * sb),) * 1
@@ -205,7 +205,7 @@ def run_shape(args, layer: tuple[str, int, int], deadline: float, time_it, resul
         int8 = args.options.gguf_int8_gemv and qt in gm.KQUANT_GEMV_TYPES
         one = args.options.gguf_gemv1 and not int8 and qt == gm.T.Q4_K
         q6k = args.options.gguf_gemv1_q6k and not int8 and qt == gm.T.Q6_K
-        groups = [[(m, "gemv", c) for c in near(gemv_configs(m, int8, one, args.sweep_resident, q6k),
+        groups = [[(m, "gemv", c) for c in near(gemv_configs(m, int8, one, args.options.gguf_gemv1_resident, q6k),
                                                 defaults.get(m))] for m in rows if m <= gm.GEMV_MAX_ROWS]
         groups += [[(m, "mma", c) for c in mma_configs(m, n, k, qt)] for m in rows if m >= 8]
         groups = [[(m, "dense", {}) for m in rows if m >= 16 and m < gm.DENSE_MIN_ROWS]] + groups  # the dense route below its threshold
@@ -265,8 +265,7 @@ def main() -> None:
     ap.add_argument("--gemv1-q6k", action="store_true",
                     help="one row of Q6_K on kernels/gguf_gemv.py's resident GEMV (KernelOptions.gguf_gemv1_q6k)")
     ap.add_argument("--resident", action="store_true",
-                    help="one row of Q4_K in gguf_gemv1's resident form (KernelOptions.gguf_gemv1_resident)")
-    ap.add_argument("--sweep-resident", action="store_true", help="sweep the resident form's tiles too")
+                    help="one row of Q4_K in gguf_gemv1's resident form (KernelOptions.gguf_gemv1_resident; its tiles swept)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     args.options = KernelOptions(gguf_int8_gemv=args.int8, gguf_gemv1=not args.no_gemv1,

@@ -267,11 +267,17 @@ def test_dispatch_takes_it_for_one_bf16_row_of_q4k_only():
 
 
 def test_default_tiles():
-    """SB 8, 4 rows of 4 warps below 16,384 rows; SB 1, 16 rows of 2 warps from there on (session 24's sweep)."""
+    """SB 8, 4 rows of 4 warps below 16,384 rows; SB 1, 16 rows of 2 warps from there on (session 24's sweep);
+    the resident forms' tiles by row length."""
     assert q4k_gemv1_config(2048, 1536) == dict(BLOCK_N=4, SB=8, num_warps=4)
     assert q4k_gemv1_config(1536, 8960) == dict(BLOCK_N=4, SB=8, num_warps=4)
     assert q4k_gemv1_config(16383, 1536) == dict(BLOCK_N=4, SB=8, num_warps=4)
     assert q4k_gemv1_config(17920, 1536) == dict(BLOCK_N=16, SB=1, num_warps=2)
+    # the resident forms' first guesses (offline SASS): more rows a program where a row is short
+    assert q4k_gemv1_config(2048, 1536, resident=True) == dict(RES=1, BLOCK_N=8, num_warps=4)
+    assert q4k_gemv1_config(1536, 8960, resident=True) == dict(RES=1, BLOCK_N=4, num_warps=4)
+    assert q6k_gemv1_config(151936, 1536) == dict(BLOCK_N=4, num_warps=4)
+    assert q6k_gemv1_config(1536, 8960) == dict(BLOCK_N=2, num_warps=4)
 
 
 @pytest.mark.gpu

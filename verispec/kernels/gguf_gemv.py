@@ -290,7 +290,7 @@ def _bits(word, pos: tl.constexpr, width: tl.constexpr, dst: tl.constexpr):
 
 @triton.jit
 def _q6k_piece(x64_ptr, s0, a, b, c, s01, s23, d, NSB: tl.constexpr, SB: tl.constexpr, BLOCK_N: tl.constexpr,
-               EVEN: tl.constexpr):
+               EVEN: tl.constexpr, ASM: tl.constexpr):
     """x . W over one resident Q6_K tile (from _q6k_tile), float32 [BLOCK_N]. Element 128 h + 32 j + l of a
     super-block (l = 4 w + i) has quant q = ql nibble | qh bit pair << 4 (ql byte l's low nibble for j = 0,
     byte l + 32's for j = 1, their high nibbles for j = 2, 3; qh byte l's bits 2 j) and weight d sc (q - 32),
@@ -302,12 +302,13 @@ def _q6k_piece(x64_ptr, s0, a, b, c, s01, s23, d, NSB: tl.constexpr, SB: tl.cons
     w = tl.arange(0, 8)[:, None, None, None]
     half = w // 4  # which byte of a scale's int16 half
     acc = tl.zeros([8, 2, SB, BLOCK_N], tl.float32)
+    d64 = 64.0 * d
+    d96 = -96.0 * d
     for j in tl.static_range(4):
         sw = s01 if j < 2 else s23
         sc = ((sw << (24 - 16 * (j % 2) - 8 * half)) >> 24).to(tl.float32)  # the int8, sign-extended
-        ds = d * sc
-        aj = 64.0 * ds
-        cj = -96.0 * ds
+        aj = d64 * sc
+        cj = d96 * sc
         src = a if j % 2 == 0 else b
         # x's 4 elements 128 h + 32 j + 4 w .. as one int64, read in the words' shape for every row, its
         # offset along w written as (2 w) // 2 so that the compiler sees it no more contiguous than the
@@ -320,16 +321,39 @@ def _q6k_piece(x64_ptr, s0, a, b, c, s01, s23, d, NSB: tl.constexpr, SB: tl.cons
             xw = tl.load(x64_ptr + xat, mask=s < NSB, other=0)
         # the 4 quants of the word, a byte each: the nibbles j // 2 and the qh pairs j (bits 4, 5 of each byte)
         q4 = ((src >> (4 * (j // 2))) & 0x0F0F0F0F) | _bits(c, 2 * j, 2, 4)
-        for i in tl.static_range(4):
-            f = (_bits(q4, 8 * i, 6, 17) | 0x3F800000).to(tl.float32, bitcast=True)
-            acc += (f * aj + cj) * _bf16_at(xw, i)
+        acc = _q6k_fma(acc, q4, xw.to(tl.int32), (xw >> 32).to(tl.int32), aj, cj, ASM)
     return tl.sum(tl.sum(tl.sum(acc, axis=0), axis=0), axis=0)
+
+
+@triton.jit
+def _q6k_fma(acc, q4, xlo, xhi, a, c, ASM: tl.constexpr):
+    """acc + the dot of the 4 weights a f + c of word q4 (6-bit quants, one a byte; f = 1 + q / 64) with the 4
+    bfloat16 of x in xlo, xhi: per element a shift, one lop3 into 1.0's mantissa, an FMA, one op for x, an FMA."""
+    if ASM:
+        return tl.inline_asm_elementwise(
+            """{ .reg .b32 t, f, w, e;
+            mov.b32 $0, $6;
+            shl.b32 t, $1, 17; lop3.b32 f, t, 0x7E0000, 0x3F800000, 0xEA; fma.rn.f32 w, f, $4, $5;
+            shl.b32 e, $2, 16; fma.rn.f32 $0, w, e, $0;
+            shl.b32 t, $1, 9; lop3.b32 f, t, 0x7E0000, 0x3F800000, 0xEA; fma.rn.f32 w, f, $4, $5;
+            and.b32 e, $2, 0xFFFF0000; fma.rn.f32 $0, w, e, $0;
+            shl.b32 t, $1, 1; lop3.b32 f, t, 0x7E0000, 0x3F800000, 0xEA; fma.rn.f32 w, f, $4, $5;
+            shl.b32 e, $3, 16; fma.rn.f32 $0, w, e, $0;
+            shr.b32 t, $1, 7; lop3.b32 f, t, 0x7E0000, 0x3F800000, 0xEA; fma.rn.f32 w, f, $4, $5;
+            and.b32 e, $3, 0xFFFF0000; fma.rn.f32 $0, w, e, $0; }""",
+            "=f,r,r,r,f,f,f", [q4, xlo, xhi, a, c, acc], dtype=tl.float32, is_pure=True, pack=1)
+    for i in tl.static_range(4):
+        f = (_bits(q4, 8 * i, 6, 17) | 0x3F800000).to(tl.float32, bitcast=True)
+        xi = xlo if i < 2 else xhi
+        xf = ((xi << 16) if i % 2 == 0 else (xi & -65536)).to(tl.float32, bitcast=True)
+        acc += (f * a + c) * xf
+    return acc
 
 
 @triton.jit
 def _q6k_rows_resident(x64_ptr, i16_ptr, n, N, NSB: tl.constexpr, SB: tl.constexpr, SB1: tl.constexpr,
                        BLOCK_N: tl.constexpr, EVEN: tl.constexpr, EVEN1: tl.constexpr, SILU_MUL: tl.constexpr,
-                       PDL: tl.constexpr):
+                       ASM: tl.constexpr, PDL: tl.constexpr):
     """_q4k_rows_resident for Q6_K rows."""
     rowoff = n.to(tl.int64)[None, None, None, :] * (NSB * 105)
     okn = (n < N)[None, None, None, :]
@@ -342,25 +366,25 @@ def _q6k_rows_resident(x64_ptr, i16_ptr, n, N, NSB: tl.constexpr, SB: tl.constex
         if SB1 > 0:
             va, vb, vc, v01, v23, vd = _q6k_tile(i16_ptr, upoff, okn, SB, NSB, SB1, EVEN1)
     wait_prior(PDL)
-    acc = _q6k_piece(x64_ptr, 0, a, b, c, s01, s23, d, NSB, SB, BLOCK_N, EVEN)
+    acc = _q6k_piece(x64_ptr, 0, a, b, c, s01, s23, d, NSB, SB, BLOCK_N, EVEN, ASM)
     if SB1 > 0:
-        acc += _q6k_piece(x64_ptr, SB, a1, b1, c1, t01, t23, d1, NSB, SB1, BLOCK_N, EVEN1)
+        acc += _q6k_piece(x64_ptr, SB, a1, b1, c1, t01, t23, d1, NSB, SB1, BLOCK_N, EVEN1, ASM)
     up = acc
     if SILU_MUL:
-        up = _q6k_piece(x64_ptr, 0, ua, ub, uc, u01, u23, ud, NSB, SB, BLOCK_N, EVEN)
+        up = _q6k_piece(x64_ptr, 0, ua, ub, uc, u01, u23, ud, NSB, SB, BLOCK_N, EVEN, ASM)
         if SB1 > 0:
-            up += _q6k_piece(x64_ptr, SB, va, vb, vc, v01, v23, vd, NSB, SB1, BLOCK_N, EVEN1)
+            up += _q6k_piece(x64_ptr, SB, va, vb, vc, v01, v23, vd, NSB, SB1, BLOCK_N, EVEN1, ASM)
     return acc, up
 
 
 @triton.jit
 def q6k_gemv1_kernel(x64_ptr, i16_ptr, b_ptr, out_ptr, N, K: tl.constexpr, HAS_BIAS: tl.constexpr,
                      SILU_MUL: tl.constexpr, BLOCK_N: tl.constexpr, SB: tl.constexpr, SB1: tl.constexpr,
-                     EVEN: tl.constexpr, EVEN1: tl.constexpr, PDL: tl.constexpr):
+                     EVEN: tl.constexpr, EVEN1: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr):
     """q4k_gemv1_kernel's resident form for Q6_K weights (i16_ptr: the blocks as int16)."""
     NSB: tl.constexpr = K // 256
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc, up = _q6k_rows_resident(x64_ptr, i16_ptr, n, N, NSB, SB, SB1, BLOCK_N, EVEN, EVEN1, SILU_MUL, PDL)
+    acc, up = _q6k_rows_resident(x64_ptr, i16_ptr, n, N, NSB, SB, SB1, BLOCK_N, EVEN, EVEN1, SILU_MUL, ASM, PDL)
     if SILU_MUL:
         acc = acc / (1.0 + tl.exp(-acc)) * up
     if HAS_BIAS:
@@ -382,10 +406,11 @@ def q4k_gemv1_config(n: int, k: int, resident: bool = False) -> dict:
     4 SB threads a row), BLOCK_N rows a program. From session 24's sweep on an H100 (docs/BENCHMARKS.md): below
     16,384 rows, SB 8 and 4 rows a program of 4 warps (o 2.9 us, down 10.6, each within 3% of the best tile);
     from there on, where there are programs enough, SB 1 and 16 rows a program of 2 warps (gate_up 12.5 us,
-    the best; LM head 88.7, 7% over the best). resident: the resident form (RES=1), 2 rows a program of 4 warps
-    (a first guess, not yet swept on a GPU)."""
+    the best; LM head 88.7, 7% over the best). resident: the resident form (RES=1), 4 warps, 8 rows a program
+    for rows of up to 2048 elements, 4 for longer ones (offline sm_90a SASS, scripts/gemv1_sm90_compile.py:
+    5.1-7.3 instructions a weight, at most 168 registers; not yet swept on a GPU)."""
     if resident:
-        return dict(RES=1, BLOCK_N=2, num_warps=4)
+        return dict(RES=1, BLOCK_N=8 if k <= 2048 else 4, num_warps=4)
     if n >= 16384:
         return dict(BLOCK_N=16, SB=1, num_warps=2)
     return dict(BLOCK_N=4, SB=8, num_warps=4)
@@ -393,5 +418,6 @@ def q4k_gemv1_config(n: int, k: int, resident: bool = False) -> dict:
 
 def q6k_gemv1_config(n: int, k: int) -> dict:
     """Tiles of q6k_gemv1_kernel for an [n, k] Q6_K weight (always resident: every byte of a program's rows
-    requested at once): 2 rows a program of 4 warps. A first guess, not yet swept on a GPU."""
-    return dict(BLOCK_N=2, num_warps=4)
+    requested at once): 4 warps, 4 rows a program for rows of up to 2048 elements, 2 for longer ones (offline
+    sm_90a SASS: 10.5-12 instructions a weight, 48 / 104 registers; not yet swept on a GPU)."""
+    return dict(BLOCK_N=4 if k <= 2048 else 2, num_warps=4)
