@@ -24,8 +24,6 @@ Variants (comma-separated, the first is the reference; "+" joins parts):
                      (small_m_max_rows; kernels/small_m.py)
   fused-qkv=R        2..R rows: only the norm + qkv + rotary + K/V write fused, in the one-row family's kernel
                      (fused_qkv_max_rows)
-  fused-only         with small-m: only the fused qkv and gate_up kernels small-M; o, down and the LM head
-                     on linear.py's picks (small_m_plain_linears=False)
   l2=MB              attention asks L2 for MB of the next gate_up weight (l2_prefetch_bytes; 0: off)
   l2rows=N           ... in steps of up to N tokens (l2_prefetch_max_rows)
   l2seqs=N           ... in steps of up to N sequences (l2_prefetch_max_seqs)
@@ -77,8 +75,6 @@ def variant(model, name: str) -> None:
             opts = dataclasses.replace(opts, pdl=False)
         elif key == "small-splitk":
             opts = dataclasses.replace(opts, small_splitk=True)
-        elif key == "fused-only":
-            opts = dataclasses.replace(opts, small_m_plain_linears=False)
         elif key in FIELDS:
             field, parse = FIELDS[key]
             opts = dataclasses.replace(opts, **{field: parse(arg)})

@@ -126,7 +126,7 @@ def verify_logits(model, prompt: list[int], chunk: list[int], options) -> torch.
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("queries", [2, 5, 16])
-@pytest.mark.parametrize("variant", ["gemv", "small-splitk", "small-m", "small-m-fused-only", "fused-qkv"])
+@pytest.mark.parametrize("variant", ["gemv", "small-splitk", "small-m", "fused-qkv"])
 def test_real_model_verify_rows_match_torch_path(model05, queries, variant):
     """A batch-1 verify step of 2..16 queries through the fused one-row path (gemv_max_rows), with
     down_proj on the split-K kernel (small_splitk), or on the small-M tensor-core kernels and their
@@ -139,7 +139,6 @@ def test_real_model_verify_rows_match_torch_path(model05, queries, variant):
     ref, tokens = decode_logits(model, ids, queries, triton_on=False)
     options = {"gemv": KernelOptions(gemv_max_rows=16), "small-splitk": KernelOptions(small_splitk=True),
                "small-m": KernelOptions(small_m_max_rows=16),
-               "small-m-fused-only": KernelOptions(small_m_max_rows=16, small_m_plain_linears=False),
                "fused-qkv": KernelOptions(fused_qkv_max_rows=16)}[variant]
     fast = verify_logits(model, ids, tokens, options)
     c = compare_steps(fast, ref[1:])

@@ -231,19 +231,15 @@ def test_routing_by_row_count():
     torch.testing.assert_close(sm.gate_up_silu(x, gu, options=on), F.silu(x @ gu[:5].T) * (x @ gu[5:].T))
 
 
-def test_fused_only_keeps_the_plain_linears_on_linear_py():
-    """small_m_plain_linears=False: the model's Kernels hand o / down / the LM head (linear, gate_up_silu) to
-    linear.py while the fused path keeps the small-M kernels; True (the default) routes them to small_m;
-    with small-M off both are linear.py's."""
+def test_small_m_routes_the_plain_linears_too():
+    """With small-M on, the model's Kernels hand o / down / the LM head (linear, gate_up_silu) to small_m;
+    with it off, to linear.py."""
     from verispec.models.kernel_path import Kernels
 
-    both = Kernels(KernelOptions(small_m_max_rows=16))
-    fused = Kernels(KernelOptions(small_m_max_rows=16, small_m_plain_linears=False))
-    off = Kernels(KernelOptions(small_m_plain_linears=False))
-    assert (both.linear, both.gate_up_silu) == (sm.linear, sm.gate_up_silu)
-    assert (fused.linear, fused.gate_up_silu) == (lin.linear, lin.gate_up_silu)
+    on, off = Kernels(KernelOptions(small_m_max_rows=16)), Kernels()
+    assert (on.linear, on.gate_up_silu) == (sm.linear, sm.gate_up_silu)
     assert (off.linear, off.gate_up_silu) == (lin.linear, lin.gate_up_silu)
-    assert fused.small_m_max_rows == 16 and fused.small_m_linear is sm.small_m_linear
+    assert on.small_m_max_rows == 16 and on.small_m_linear is sm.small_m_linear
 
 
 @pytest.mark.gpu

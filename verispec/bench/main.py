@@ -229,9 +229,6 @@ def add_bench_parser(sub) -> None:
                    help="launch the kernels without programmatic dependent launch (isolated kernel times)")
     p.add_argument("--small-m-max-rows", type=_small_m_rows, default=0,
                    help="steps of 2..R rows on the small-M tensor-core kernels (KernelOptions.small_m_max_rows; 0: off)")
-    p.add_argument("--small-m-fused-only", action="store_true",
-                   help="with --small-m-max-rows: only the fused qkv and gate_up kernels small-M, o / down / the LM "
-                        "head on linear.py's picks (KernelOptions.small_m_plain_linears=False)")
     p.add_argument("--gguf-int8-gemv", action="store_true",
                    help="with --quantization gguf: one row of Q4_K / Q6_K on the integer-dot GEMV "
                         "(KernelOptions.gguf_int8_gemv; the A/B against the float GEMV)")
@@ -403,7 +400,6 @@ def _kernels(args) -> int:
 
         res["rows"] = []
         options = KernelOptions(pdl=not args.no_pdl, small_m_max_rows=args.small_m_max_rows,
-                                small_m_plain_linears=not args.small_m_fused_only,
                                 gguf_int8_gemv=args.gguf_int8_gemv, gguf_gemv1=not args.no_gguf_gemv1,
                                 gguf_gemv1_q6k=args.gguf_gemv1_q6k, gguf_gemv1_resident=args.gguf_gemv1_resident)
         for b in args.batch_sizes:

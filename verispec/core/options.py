@@ -51,13 +51,9 @@ class KernelOptions:
     # tensor-core kernels (kernels/small_m.py, small_m_qkv.py) for every linear layer, the LM head included, and the
     # fused layer path (norms in the qkv / gate_up prologues, rotary + K/V write in the qkv kernel).
     # 0: off, the paths above (default until the H200 measures it: scripts/gpu_verify.sh).
+    # (Session 28 also measured small-M only for the fused kernels, o / down / the LM head on linear.py's picks:
+    # 1.52x of decode at 4 queries against the default's 1.28x, so that option was removed in session 29.)
     small_m_max_rows: int = 0
-    # With small_m_max_rows on: True, o, down and the LM head of those steps take the small-M kernel too;
-    # False, only the fused kernels do (norm + qkv + rotary + K/V write, norm + gate_up + SiLU-and-mul: the
-    # kernels that save launches), and o / down / the LM head keep linear.py's picks (skinny, cuBLAS), which won
-    # per layer on down_proj (11.3 us against 24.5 at 4 rows) and the LM head (114 against 164: session 11).
-    # The verify A/B: scripts/step_ablation.py --variants base,small-m=16,small-m=16+fused-only.
-    small_m_plain_linears: bool = True
     # Steps of 2..fused_qkv_max_rows rows (above gemv_max_rows, not on the small-M path): the one-row family's
     # norm + qkv + rotary + K/V write kernel (kernels/qkv_rope.py) for the attention's input, which drops the
     # input norm's and the rotary's launches (~4.5 us a layer at 4 rows: session 28's verify profile); the rest

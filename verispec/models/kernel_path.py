@@ -27,7 +27,7 @@ class Kernels:
         # Steps of 2..small_m_max_rows rows (above gemv_max_rows): the same fused layer path on the
         # small-M tensor-core kernels.
         self.small_m_max_rows = options.small_m_max_rows
-        if self.small_m_max_rows >= 2 and options.small_m_plain_linears:  # o, down, LM head too (takes_small_m)
+        if self.small_m_max_rows >= 2:  # o, down, LM head too (takes_small_m)
             self.linear, self.gate_up_silu = small_m.linear, small_m.gate_up_silu
         self.fused_qkv_max_rows = options.fused_qkv_max_rows  # 2..this many rows: the fused qkv kernel only
         self.small_m_linear = small_m.small_m_linear
