@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (Historical: session 28's run. The fused-only variant and --small-m-fused-only were removed in session 29.)
 # Session 28's lease, call A (no model staging: the 1.5B's GGUF header plus zeros, as gpu_lease_s26.sh; bf16 on
 # random weights). Measurements that pick the next defaults, no default changed yet:
 #   1. issue 17, verify / decode GPU time at batch 1 (ctx 1024, queries 1, 4, 8, 16): the defaults against the
