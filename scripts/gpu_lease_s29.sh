@@ -19,7 +19,7 @@ G=/tmp/models/$M-zero.gguf
 cp ".device-carry/hdr/$M.hdr" "$G" && truncate -s "$(cat ".device-carry/hdr/$M.size")" "$G"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$R/gpu.txt" 2>&1
 V="python3 -m verispec.entrypoints.cli"
-timeout 200 python3 -m pytest -o addopts= -q -m gpu tests/test_gguf_gemv.py > "$R/tests_gemv.log" 2>&1
+timeout 160 python3 -m pytest -o addopts= -q -m gpu tests/test_gguf_gemv.py -k "not 12-False" > "$R/tests_gemv.log" 2>&1
 echo "gemv tests rc=$? at $(( $(date +%s) - t0 )) s"; tail -5 "$R/tests_gemv.log"
 for v in base q6k_res; do
   extra=""; [[ $v == q6k ]] && extra="--gguf-gemv1-q6k"; [[ $v == q6k_res ]] && extra="--gguf-gemv1-q6k --gguf-gemv1-resident"
