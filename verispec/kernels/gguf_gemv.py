@@ -1,4 +1,13 @@
-"""The one-row GEMV for Q4_K weights as stored (decode at batch 1): y = x @ dequant(W)^T, few instructions a weight.
+"""The one-row GEMVs for Q4_K and Q6_K weights as stored (decode at batch 1): y = x @ dequant(W)^T, few
+instructions a weight.
+
+Two forms. The loop (q4k_gemv1_kernel, session 21): SB super-blocks a step, the next step's bytes requested
+before the current ones are used, so each step waits on memory once. The resident form (session 29;
+q4k_gemv1_kernel with RES, and q6k_gemv1_kernel, which has only this form): the row as two power-of-two tiles
+of super-blocks (resident_tiles), every byte of a program's rows (gate and up both with SILU_MUL) requested
+before the PDL wait, then the arithmetic: one round trip to memory a program. Q6_K's 210-byte blocks are only
+2-byte aligned, so its words are int16 pairs; its weight d sc (q - 32) is one FMA of exact float32 terms.
+The Q4_K arithmetic, shared by both forms:
 
 Why a kernel of its own: at one row the bytes read set the speed, and the H100 streams a Q4_K weight at ~25
 elements per clock per SM, so the kernel has ~5 instructions per weight element to spend (128 lanes issue per
