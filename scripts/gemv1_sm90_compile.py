@@ -38,8 +38,10 @@ def compile_one(qtype: str, n: int, k: int, silu: bool, cfg: dict, sass: bool = 
         cfg["EVEN"] = (k // 256) % cfg["SB"] == 0 and n % cfg["BLOCK_N"] == 0
     kern = gg.q6k_gemv1_kernel if qtype == "Q6_K" else gg.q4k_gemv1_kernel
     w = "*i16" if qtype == "Q6_K" else "*i32"
-    sig = {"x64_ptr": "*i64", ("i16_ptr" if qtype == "Q6_K" else "w32_ptr"): w, "b_ptr": "*bf16",
-           "out_ptr": "*bf16", "N": "i32"}
+    sig = {"x64_ptr": "*i64", ("i16_ptr" if qtype == "Q6_K" else "w32_ptr"): w}
+    if qtype == "Q6_K":
+        sig["u8_ptr"] = "*u8"
+    sig.update({"b_ptr": "*bf16", "out_ptr": "*bf16", "N": "i32"})
     const = dict(K=k, HAS_BIAS=False, SILU_MUL=silu, PDL=True, **cfg)
     const["ASM"] = True
     if qtype != "Q6_K":

@@ -260,11 +260,11 @@ def _i16_pair(i16_ptr, at, ok, EVEN: tl.constexpr):
 
 
 @triton.jit
-def _q6k_tile(i16_ptr, rowoff, okn, s0, NSB: tl.constexpr, SB: tl.constexpr, EVEN: tl.constexpr):
+def _q6k_tile(i16_ptr, u8_ptr, rowoff, okn, s0, NSB: tl.constexpr, SB: tl.constexpr, EVEN: tl.constexpr):
     """Super-blocks s0 .. s0 + SB of the Q6_K rows at int16 offsets `rowoff` [1, 1, 1, BN], as int32 words
     [8, 2, SB, BN] per word w (4 byte positions l = 4 w .. 4 w + 3) and half h (128 elements): ql bytes l (a)
-    and l + 32 (b) of the half, its qh bytes l (c); the half's 8 scale bytes as two words s01, s23
-    (scale j's bytes in the 16-bit half j % 2 of s01 / s23 by j // 2) and d in float32, all [8, 2, SB, BN].
+    and l + 32 (b) of the half, its qh bytes l (c); the int8 scales 8 h + 2 j + w // 4 of its elements
+    (sc0..sc3, by j) and d, in float32; all [8, 2, SB, BN]. (u8_ptr: the same blocks as bytes.)
     (w first: no load here is provably contiguous or aligned, and Triton then lays the threads out in dimension
     order, so a warp's loads are w's neighbouring bytes.)"""
     s = s0 + tl.arange(0, SB)[None, None, :, None]
@@ -277,14 +277,24 @@ def _q6k_tile(i16_ptr, rowoff, okn, s0, NSB: tl.constexpr, SB: tl.constexpr, EVE
     b = _i16_pair(i16_ptr, at + 16, ok, EVEN)
     c = _i16_pair(i16_ptr, blk + 64 + h * 16 + w * 2, ok, EVEN)  # qh byte 128 + 32 h + 4 w
     # the scales and d read in the quant words' shape (so their layout: no conversion where they meet)
-    sat = blk + 96 + h * 4 + w * 0  # scale bytes 192 + 8 h ..
-    s01 = _i16_pair(i16_ptr, sat, ok, EVEN)
-    s23 = _i16_pair(i16_ptr, sat + 2, ok, EVEN)
+    sat = 2 * blk + 192 + h * 8 + w // 4  # scale byte 8 h + w // 4 (+ 2 j)
+    dat = blk + 104 + h * 0 + w * 0
     if EVEN:
-        d = tl.load(i16_ptr + sat + 8 - h * 4)
+        d = tl.load(i16_ptr + dat)
+        sc0, sc1 = tl.load(u8_ptr + sat), tl.load(u8_ptr + sat + 2)
+        sc2, sc3 = tl.load(u8_ptr + sat + 4), tl.load(u8_ptr + sat + 6)
     else:
-        d = tl.load(i16_ptr + sat + 8 - h * 4, mask=ok, other=0)
-    return a, b, c, s01, s23, d.to(tl.float16, bitcast=True).to(tl.float32)
+        d = tl.load(i16_ptr + dat, mask=ok, other=0)
+        sc0, sc1 = tl.load(u8_ptr + sat, mask=ok, other=0), tl.load(u8_ptr + sat + 2, mask=ok, other=0)
+        sc2, sc3 = tl.load(u8_ptr + sat + 4, mask=ok, other=0), tl.load(u8_ptr + sat + 6, mask=ok, other=0)
+    return (a, b, c, _i8f(sc0), _i8f(sc1), _i8f(sc2), _i8f(sc3),
+            d.to(tl.float16, bitcast=True).to(tl.float32))
+
+
+@triton.jit
+def _i8f(byte):
+    """A uint8 read as int8, in float32."""
+    return byte.to(tl.int8, bitcast=True).to(tl.float32)
 
 
 @triton.jit
@@ -298,24 +308,22 @@ def _bits(word, pos: tl.constexpr, width: tl.constexpr, dst: tl.constexpr):
 
 
 @triton.jit
-def _q6k_piece(x64_ptr, s0, a, b, c, s01, s23, d, NSB: tl.constexpr, SB: tl.constexpr, BLOCK_N: tl.constexpr,
-               EVEN: tl.constexpr, ASM: tl.constexpr):
+def _q6k_piece(x64_ptr, s0, a, b, c, sc0, sc1, sc2, sc3, d, NSB: tl.constexpr, SB: tl.constexpr,
+               BLOCK_N: tl.constexpr, EVEN: tl.constexpr, ASM: tl.constexpr):
     """x . W over one resident Q6_K tile (from _q6k_tile), float32 [BLOCK_N]. Element 128 h + 32 j + l of a
     super-block (l = 4 w + i) has quant q = ql nibble | qh bit pair << 4 (ql byte l's low nibble for j = 0,
     byte l + 32's for j = 1, their high nibbles for j = 2, 3; qh byte l's bits 2 j) and weight d sc (q - 32),
-    sc the int8 scale 8 h + 2 j + w // 4. From f = 1 + q / 64 (q's bits in 1.0's mantissa: no conversion) the
+    sc the int8 scale 8 h + 2 j + w // 4 (sc0..sc3 by j). From f = 1 + q / 64 (q's bits in 1.0's mantissa: no conversion) the
     weight is one FMA, a f + c with a = 64 d sc and c = -96 d sc (both exact in float32); one FMA into an
     elementwise accumulator, reduced once."""
     s = s0 + tl.arange(0, SB)[None, None, :, None]
     h = tl.arange(0, 2)[None, :, None, None]
     w = tl.arange(0, 8)[:, None, None, None]
-    half = w // 4  # which byte of a scale's int16 half
     acc = tl.zeros([8, 2, SB, BLOCK_N], tl.float32)
     d64 = 64.0 * d
     d96 = -96.0 * d
     for j in tl.static_range(4):
-        sw = s01 if j < 2 else s23
-        sc = ((sw << (24 - 16 * (j % 2) - 8 * half)) >> 24).to(tl.float32)  # the int8, sign-extended
+        sc = sc0 if j == 0 else (sc1 if j == 1 else (sc2 if j == 2 else sc3))
         aj = d64 * sc
         cj = d96 * sc
         src = a if j % 2 == 0 else b
@@ -360,40 +368,40 @@ def _q6k_fma(acc, q4, xlo, xhi, a, c, ASM: tl.constexpr):
 
 
 @triton.jit
-def _q6k_rows_resident(x64_ptr, i16_ptr, n, N, NSB: tl.constexpr, SB: tl.constexpr, SB1: tl.constexpr,
+def _q6k_rows_resident(x64_ptr, i16_ptr, u8_ptr, n, N, NSB: tl.constexpr, SB: tl.constexpr, SB1: tl.constexpr,
                        BLOCK_N: tl.constexpr, EVEN: tl.constexpr, EVEN1: tl.constexpr, SILU_MUL: tl.constexpr,
                        ASM: tl.constexpr, PDL: tl.constexpr):
     """_q4k_rows_resident for Q6_K rows."""
     rowoff = n.to(tl.int64)[None, None, None, :] * (NSB * 105)
     okn = (n < N)[None, None, None, :]
-    a, b, c, s01, s23, d = _q6k_tile(i16_ptr, rowoff, okn, 0, NSB, SB, EVEN)
+    a, b, c, s0, s1, s2, s3, d = _q6k_tile(i16_ptr, u8_ptr, rowoff, okn, 0, NSB, SB, EVEN)
     if SB1 > 0:
-        a1, b1, c1, t01, t23, d1 = _q6k_tile(i16_ptr, rowoff, okn, SB, NSB, SB1, EVEN1)
+        a1, b1, c1, t0, t1, t2, t3, d1 = _q6k_tile(i16_ptr, u8_ptr, rowoff, okn, SB, NSB, SB1, EVEN1)
     if SILU_MUL:
         upoff = rowoff + N * (NSB * 105)
-        ua, ub, uc, u01, u23, ud = _q6k_tile(i16_ptr, upoff, okn, 0, NSB, SB, EVEN)
+        ua, ub, uc, u0, u1, u2, u3, ud = _q6k_tile(i16_ptr, u8_ptr, upoff, okn, 0, NSB, SB, EVEN)
         if SB1 > 0:
-            va, vb, vc, v01, v23, vd = _q6k_tile(i16_ptr, upoff, okn, SB, NSB, SB1, EVEN1)
+            va, vb, vc, v0, v1, v2, v3, vd = _q6k_tile(i16_ptr, u8_ptr, upoff, okn, SB, NSB, SB1, EVEN1)
     wait_prior(PDL)
-    acc = _q6k_piece(x64_ptr, 0, a, b, c, s01, s23, d, NSB, SB, BLOCK_N, EVEN, ASM)
+    acc = _q6k_piece(x64_ptr, 0, a, b, c, s0, s1, s2, s3, d, NSB, SB, BLOCK_N, EVEN, ASM)
     if SB1 > 0:
-        acc += _q6k_piece(x64_ptr, SB, a1, b1, c1, t01, t23, d1, NSB, SB1, BLOCK_N, EVEN1, ASM)
+        acc += _q6k_piece(x64_ptr, SB, a1, b1, c1, t0, t1, t2, t3, d1, NSB, SB1, BLOCK_N, EVEN1, ASM)
     up = acc
     if SILU_MUL:
-        up = _q6k_piece(x64_ptr, 0, ua, ub, uc, u01, u23, ud, NSB, SB, BLOCK_N, EVEN, ASM)
+        up = _q6k_piece(x64_ptr, 0, ua, ub, uc, u0, u1, u2, u3, ud, NSB, SB, BLOCK_N, EVEN, ASM)
         if SB1 > 0:
-            up += _q6k_piece(x64_ptr, SB, va, vb, vc, v01, v23, vd, NSB, SB1, BLOCK_N, EVEN1, ASM)
+            up += _q6k_piece(x64_ptr, SB, va, vb, vc, v0, v1, v2, v3, vd, NSB, SB1, BLOCK_N, EVEN1, ASM)
     return acc, up
 
 
 @triton.jit
-def q6k_gemv1_kernel(x64_ptr, i16_ptr, b_ptr, out_ptr, N, K: tl.constexpr, HAS_BIAS: tl.constexpr,
+def q6k_gemv1_kernel(x64_ptr, i16_ptr, u8_ptr, b_ptr, out_ptr, N, K: tl.constexpr, HAS_BIAS: tl.constexpr,
                      SILU_MUL: tl.constexpr, BLOCK_N: tl.constexpr, SB: tl.constexpr, SB1: tl.constexpr,
                      EVEN: tl.constexpr, EVEN1: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr):
-    """q4k_gemv1_kernel's resident form for Q6_K weights (i16_ptr: the blocks as int16)."""
+    """q4k_gemv1_kernel's resident form for Q6_K weights (i16_ptr, u8_ptr: the blocks as int16, as bytes)."""
     NSB: tl.constexpr = K // 256
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc, up = _q6k_rows_resident(x64_ptr, i16_ptr, n, N, NSB, SB, SB1, BLOCK_N, EVEN, EVEN1, SILU_MUL, ASM, PDL)
+    acc, up = _q6k_rows_resident(x64_ptr, i16_ptr, u8_ptr, n, N, NSB, SB, SB1, BLOCK_N, EVEN, EVEN1, SILU_MUL, ASM, PDL)
     if SILU_MUL:
         acc = acc / (1.0 + tl.exp(-acc)) * up
     if HAS_BIAS:

@@ -1108,7 +1108,7 @@ def _one_row(x: torch.Tensor, w: GGUFWeight, b: torch.Tensor, out: torch.Tensor,
         sb, sb1 = resident_tiles(k)
         tiles = dict(SB=sb, SB1=sb1, EVEN=even_n, EVEN1=even_n and sb + sb1 == nsb)
         if w.qtype == T.Q6_K:
-            q6k_gemv1_kernel[grid](x.view(torch.int64), w.blocks.view(torch.int16), b, out, n, K=k,
+            q6k_gemv1_kernel[grid](x.view(torch.int64), w.blocks.view(torch.int16), w.blocks, b, out, n, K=k,
                                    HAS_BIAS=has_bias, SILU_MUL=silu_mul, ASM=not envs.triton_interpret(), **tiles,
                                    **cfg, **pdl)
             return
