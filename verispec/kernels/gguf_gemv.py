@@ -248,8 +248,9 @@ Q6_K_BYTES = 210  # d (f16) last; ql 128, qh 64, 16 int8 scales: 105 int16, bloc
 
 
 @triton.jit
-def _i16_pair(i16_ptr, at, ok, EVEN: tl.constexpr):
-    """The int32 word of the int16 pair at element offsets at, at + 1 (0 where not ok)."""
+def i16_pair(i16_ptr, at, ok, EVEN: tl.constexpr):
+    """The int32 word of the int16 pair at element offsets at, at + 1 (0 where not ok; EVEN: no mask). Q6_K's
+    210-byte blocks are only 2-byte aligned, so every Q6_K kernel reads its words this way."""
     if EVEN:
         lo = tl.load(i16_ptr + at)
         hi = tl.load(i16_ptr + at + 1)
@@ -273,9 +274,9 @@ def _q6k_tile(i16_ptr, u8_ptr, rowoff, okn, s0, NSB: tl.constexpr, SB: tl.conste
     blk = rowoff + s * 105
     ok = okn & (s < NSB)
     at = blk + h * 32 + w * 2  # ql byte 64 h + 4 w
-    a = _i16_pair(i16_ptr, at, ok, EVEN)
-    b = _i16_pair(i16_ptr, at + 16, ok, EVEN)
-    c = _i16_pair(i16_ptr, blk + 64 + h * 16 + w * 2, ok, EVEN)  # qh byte 128 + 32 h + 4 w
+    a = i16_pair(i16_ptr, at, ok, EVEN)
+    b = i16_pair(i16_ptr, at + 16, ok, EVEN)
+    c = i16_pair(i16_ptr, blk + 64 + h * 16 + w * 2, ok, EVEN)  # qh byte 128 + 32 h + 4 w
     # the scales and d read in the quant words' shape (so their layout: no conversion where they meet)
     sat = 2 * blk + 192 + h * 8 + w // 4  # scale byte 8 h + w // 4 (+ 2 j)
     dat = blk + 104 + h * 0 + w * 0
@@ -298,10 +299,8 @@ def _i8f(byte):
 
 
 @triton.jit
-def _bits(word, pos: tl.constexpr, width: tl.constexpr, dst: tl.constexpr):
-    """Bits pos .. pos + width of word moved to bits dst .. dst + width, the others 0; width 2 at dst 4 from
-    pos: the same move in each byte (the 2-bit fields pos, pos + 8, .. to bits 4, 5 of their bytes)."""
-    mask: tl.constexpr = 0x30303030 if width == 2 and dst == 4 else ((1 << width) - 1) << dst
+def _bits(word, pos: tl.constexpr, dst: tl.constexpr, mask: tl.constexpr):
+    """word shifted so that bit pos lands on bit dst, then masked (mask: the destination bits kept)."""
     if pos >= dst:
         return (word >> (pos - dst)) & mask
     return (word << (dst - pos)) & mask
@@ -337,7 +336,7 @@ def _q6k_piece(x64_ptr, s0, a, b, c, sc0, sc1, sc2, sc3, d, NSB: tl.constexpr, S
         else:  # a missing super-block's x is 0 (its weights are 0: no NaN)
             xw = tl.load(x64_ptr + xat, mask=s < NSB, other=0)
         # the 4 quants of the word, a byte each: the nibbles j // 2 and the qh pairs j (bits 4, 5 of each byte)
-        q4 = ((src >> (4 * (j // 2))) & 0x0F0F0F0F) | _bits(c, 2 * j, 2, 4)
+        q4 = ((src >> (4 * (j // 2))) & 0x0F0F0F0F) | _bits(c, 2 * j, 4, 0x30303030)
         acc = _q6k_fma(acc, q4, xw.to(tl.int32), (xw >> 32).to(tl.int32), aj, cj, ASM)
     return tl.sum(tl.sum(tl.sum(acc, axis=0), axis=0), axis=0)
 
@@ -360,7 +359,7 @@ def _q6k_fma(acc, q4, xlo, xhi, a, c, ASM: tl.constexpr):
             and.b32 e, $3, 0xFFFF0000; fma.rn.f32 $0, w, e, $0; }""",
             "=f,r,r,r,f,f,f", [q4, xlo, xhi, a, c, acc], dtype=tl.float32, is_pure=True, pack=1)
     for i in tl.static_range(4):
-        f = (_bits(q4, 8 * i, 6, 17) | 0x3F800000).to(tl.float32, bitcast=True)
+        f = (_bits(q4, 8 * i, 17, 0x7E0000) | 0x3F800000).to(tl.float32, bitcast=True)
         xi = xlo if i < 2 else xhi
         xf = ((xi << 16) if i % 2 == 0 else (xi & -65536)).to(tl.float32, bitcast=True)
         acc += (f * a + c) * xf

@@ -37,6 +37,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from verispec.core import envs
 from verispec.core.options import DEFAULT_OPTIONS, KernelOptions
 from verispec.kernels.gguf_gemv import (
+    i16_pair,
     q4k_gemv1_config,
     q4k_gemv1_kernel,
     q6k_gemv1_config,
@@ -552,15 +553,6 @@ def _q4k_i8_dot(x_ptr, w_ptr, h_ptr, n, N, s0, wq, NSB: tl.constexpr, SB: tl.con
 
 
 @triton.jit
-def _i16_words(i16_ptr, off, mask):
-    """int32 words from pairs of int16 at element offsets off, off + 1 (Q6_K's 210-byte blocks are only
-    2-byte aligned)."""
-    lo = tl.load(i16_ptr + off, mask=mask, other=0).to(tl.int32) & 0xFFFF
-    hi = tl.load(i16_ptr + off + 1, mask=mask, other=0).to(tl.int32)
-    return lo | (hi << 16)
-
-
-@triton.jit
 def _q6k_i8_words(i_ptr, n, N, s0, NSB: tl.constexpr, SB: tl.constexpr):
     """Q6_K super-blocks s0 .. s0 + SB - 1 of rows n (i_ptr: the blocks as int16) as int32 words [BN, SB, 2, 8]
     per half-block h: ql bytes 64 h + 4 i .. (ql0), 64 h + 32 + 4 i .. (ql1) and qh bytes 32 h + 4 i ..; 0 past
@@ -569,9 +561,9 @@ def _q6k_i8_words(i_ptr, n, N, s0, NSB: tl.constexpr, SB: tl.constexpr):
     hb = tl.arange(0, 2)[None, None, :, None]
     ok = (n < N)[:, None, None, None] & (s < NSB)
     blk = n.to(tl.int64)[:, None, None, None] * (NSB * 210) + s * 210 + hb * 64 + 4 * tl.arange(0, 8)[None, None, None, :]
-    ql0 = _i16_words(i_ptr, blk // 2, ok)
-    ql1 = _i16_words(i_ptr, (blk + 32) // 2, ok)
-    qh = _i16_words(i_ptr, (blk - hb * 32 + 128) // 2, ok)  # qh of half h: byte 128 + 32 h + 4 i
+    ql0 = i16_pair(i_ptr, blk // 2, ok, False)
+    ql1 = i16_pair(i_ptr, (blk + 32) // 2, ok, False)
+    qh = i16_pair(i_ptr, (blk - hb * 32 + 128) // 2, ok, False)  # qh of half h: byte 128 + 32 h + 4 i
     return ql0, ql1, qh
 
 
