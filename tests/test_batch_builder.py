@@ -20,6 +20,7 @@ from verispec.worker.batch import (
     draft_index,
     padded_query_len,
     row_index,
+    split_is_cheaper,
     stage_plan,
 )
 
@@ -101,6 +102,36 @@ def test_padded_query_len_rules():
     assert padded_query_len([sp, sv], lambda n, q: q + 1) == 5
     one = ScheduledRequest(Request("d", [1, 2], SamplingParams(), block_ids=[0]), 1, 1, 0)
     assert padded_query_len([one], lambda n, q: 4) == 0  # a decode step is uniform already
+
+
+def _decode_rows_and_chunk(num_decode: int, chunk: int) -> list[ScheduledRequest]:
+    """num_decode decode rows, then one prompt chunk of `chunk` tokens (a request admitted beside them)."""
+    rows = [ScheduledRequest(Request(f"d{i}", [1, 2], SamplingParams(), output_token_ids=[3], block_ids=[i]), 2, 1, 0)
+            for i in range(num_decode)]
+    p = Request("p", list(range(chunk)), SamplingParams(), block_ids=list(range(20, 20 + -(-chunk // BS))))
+    return rows + [ScheduledRequest(p, 0, chunk, 0)]
+
+
+def test_padding_every_row_or_splitting_by_padded_tokens():
+    """One graph that pads 15 decode rows to a 100-token chunk's 128 queries (2,048 tokens) against two
+    replays (15 x 1, then 1 x 128: 143 tokens plus a pass over the weights, SPLIT_COST_TOKENS = 256):
+    the split. 3 decode rows beside a 20-token chunk padded to 32 (128 tokens against 3 + 32 + 256): one
+    graph. A chunk no graph fits whole still splits; a step no split fits still pads."""
+    def fit(num_seqs, longest):  # query 1 at any batch; 32 and 128 up to 2,048 tokens
+        return next((q for q in (1, 32, 128) if q >= longest and (q == 1 or num_seqs * q <= 2048)), None)
+
+    assert split_is_cheaper(16, 128, (15, 1, 128))
+    assert not split_is_cheaper(4, 32, (3, 1, 32))
+    assert split_is_cheaper(16, 128, (15, 1, 128 - 1))  # (the threshold: 2,048 > 15 + 127 + 256)
+    big = build_host_batch(SchedulerOutput(_decode_rows_and_chunk(15, 100)), BS, fit, split=True)
+    assert big.split == (15, 1, 128) and big.query_lens == [1] * 15 + [128]
+    small = build_host_batch(SchedulerOutput(_decode_rows_and_chunk(3, 20)), BS, fit, split=True)
+    assert small.split is None and small.query_lens == [32] * 4
+    # Without split (tensor parallelism): the one padded graph.
+    assert build_host_batch(SchedulerOutput(_decode_rows_and_chunk(15, 100)), BS, fit).query_lens == [128] * 16
+    # A chunk past every graph but its own (17 rows x 128 > 2,048): split, as before.
+    assert build_host_batch(SchedulerOutput(_decode_rows_and_chunk(16, 100)), BS, fit, split=True).split == (
+        16, 1, 128)
 
 
 def test_draft_and_row_index_by_hand():

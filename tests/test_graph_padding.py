@@ -131,6 +131,37 @@ def test_split_admission_steps_match_eager(method, async_scheduling, drafter_dir
     assert r.split_steps >= 3 and r.graph_steps > r.split_steps
 
 
+@pytest.mark.parametrize(("method", "async_scheduling"), [("none", True), ("ngram", False)],
+                         ids=["none-async", "ngram-sync"])
+def test_split_preferred_to_padding_every_row(method, async_scheduling, monkeypatch):
+    """With the split's cost at 0 tokens, admission steps that one prefill graph fits (query 8 or 16, at
+    most 64 tokens) but only by padding the decode / verify rows before the prompt chunk to its length
+    replay as two graphs instead (batch.split_is_cheaper): same tokens and counters as the engine without
+    graphs, split replays happened, and no step padded such a row to a prefill length."""
+    import verispec.worker.batch as batch
+    import verispec.worker.runner as runner
+
+    monkeypatch.setattr(batch, "SPLIT_COST_TOKENS", 0)
+    prompts, params = scenario_prompts(vocab_hi=VOCAB - 12), scenario_params(32)
+    plain = run_scenario(build(False), method, async_scheduling, prompts, params)
+    one_graph: list[int] = []  # per step padded to a prefill length as one graph: rows before its first chunk
+
+    def build_host_batch(sched, block_size, graph_fit=None, split=False):
+        hb = batch.build_host_batch(sched, block_size, graph_fit, split)
+        if hb.split is None and max(hb.query_lens) > 1 + K:
+            rows = sched.scheduled
+            one_graph.append(next((i for i, s in enumerate(rows) if s.num_new_tokens - s.num_draft_tokens > 1), 0))
+        return hb
+
+    monkeypatch.setattr(runner, "build_host_batch", build_host_batch)
+    split = run_scenario(build(True, prefill_lens=(8, 16), prefill_max_tokens=64), method, async_scheduling,
+                         prompts, params)
+    assert split[0] == plain[0]
+    assert split[1] == plain[1]
+    assert split[3].runner.split_steps >= 3
+    assert one_graph and not any(one_graph)  # (steps of prompt chunks only: padded as one graph, as before)
+
+
 def test_split_point():
     """split_for_graphs: the rows before the first prompt chunk, each part at the query length its graph
     replays; no split where the step starts with a prompt chunk or a part fits no graph."""

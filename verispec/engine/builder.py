@@ -49,8 +49,13 @@ class EngineParts:
     tp: TensorParallelGroup | None = None
 
 
-PREFILL_GRAPH_LENS = (16, 32, 64, 128, 256)  # prefill query lengths the target's graphs are captured for
-PREFILL_GRAPH_TOKENS = 2048  # ... at the batch sizes whose padded step has at most this many tokens
+# Prefill query lengths the target's graphs are captured for (lazily, at first use), at the batch sizes whose
+# padded step has at most PREFILL_GRAPH_TOKENS tokens: so (1, 2048), (2, 1024), (4, 512) as well as (128, 16).
+# Past 256 (session 20's H100 traces, ngram at batch 64): one prompt chunk of 261-958 tokens beside the decode
+# rows ran eagerly (13.5 ms a step) where split replays of <= 320 chunk tokens took 4.7 ms. The lengths past
+# 256 add no buffer: the largest shape (b * q) stays the budget.
+PREFILL_GRAPH_LENS = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048)
+PREFILL_GRAPH_TOKENS = 2048
 
 
 def verify_query_lens(k: int, adaptive: bool) -> tuple[int, ...]:

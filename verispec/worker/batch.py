@@ -28,6 +28,12 @@ SENTINEL_ID = -2
 #: graph_fit(num_seqs, longest chunk) -> the query length a verify graph would replay, or None.
 GraphFit = Callable[[int, int], "int | None"]
 
+# What a second replay costs, in tokens of padded compute: one more pass over the weights (~1.1 ms for the
+# 1.5B on the H200, a batch-1 decode step) against ~3.5-7 us a token of a padded prefill row (session 20's
+# H100 traces: 16 rows padded to 128 queries, 2,048 tokens, took 11.6 ms where the split took 6.4). A step
+# pads every row to one prompt chunk's length only where that pads fewer tokens than the split plus this.
+SPLIT_COST_TOKENS = 256
+
 
 @dataclass
 class HostBatch:
@@ -104,18 +110,27 @@ def build_host_batch(sched: SchedulerOutput, block_size: int, graph_fit: GraphFi
     """Host lists for a step: ids (PLACEHOLDER where only the device knows the value), their
     owners, positions, cache slots, attention lengths, logit rows and draft positions. Chunks of a
     step that a verify graph can replay are padded to its query length (pad_before); with split, a
-    step no graph fits whole but two do (split_for_graphs) is padded part by part (HostBatch.split).
+    step no graph fits whole but two do (split_for_graphs), or that one graph fits only with far more
+    padding than the two (split_is_cheaper), is padded part by part (HostBatch.split).
     Records each sampling request's output_base (its output length now) on its ScheduledRequest."""
     if decode_only(sched.scheduled):
         return assemble_decode(sched.scheduled, block_size)
     q_pad = padded_query_len(sched.scheduled, graph_fit)
-    if q_pad == 0 and split and graph_fit is not None:
+    if split and graph_fit is not None:
         parts = split_for_graphs(sched.scheduled, graph_fit)
-        if parts is not None:
+        if parts is not None and (q_pad == 0 or split_is_cheaper(len(sched.scheduled), q_pad, parts)):
             hb = assemble_chunks(sched.scheduled, block_size, parts[1], tail=(parts[0], parts[2]))
             hb.split = parts
             return hb
     return assemble_chunks(sched.scheduled, block_size, q_pad)
+
+
+def split_is_cheaper(num_seqs: int, q_pad: int, parts: tuple[int, int, int]) -> bool:
+    """Whether a step of num_seqs rows that one graph replays with every row padded to q_pad queries is
+    cheaper as the two replays of split_for_graphs (parts): its padded tokens are more than the split's
+    plus SPLIT_COST_TOKENS (rows counted unpadded: the graphs' batch padding adds alike to both)."""
+    n_a, q_a, q_b = parts
+    return num_seqs * q_pad > n_a * q_a + (num_seqs - n_a) * q_b + SPLIT_COST_TOKENS
 
 
 def assemble_chunks(scheduled: list[ScheduledRequest], block_size: int, q_pad: int = 0,
