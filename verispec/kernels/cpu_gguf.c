@@ -636,31 +636,75 @@ static inline __attribute__((always_inline)) __m256 idot32(__m256i w, const int8
     return _mm256_cvtepi32_ps(_mm256_madd_epi16(ipairs32(w, xq), _mm256_set1_epi16(1)));
 }
 
+/* idot32 with |w| (the sign trick's first operand) computed once for every row of x. */
+static inline __attribute__((always_inline)) __m256 idot32u(__m256i w, __m256i uw, const int8_t *xq) {
+    __m256i x = _mm256_loadu_si256((const __m256i *)xq);
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(uw, _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1)));
+}
+
+/* The rows of x a multi-row kernel takes at once (its accumulators in registers): left rows in groups of at most
+   gmax, as even as can be (5 = 5 or 3 + 2, 8 = 4 + 4). */
+static inline int64_t row_group(int64_t left, int64_t gmax) {
+    int64_t parts = (left + gmax - 1) / gmax;
+    return (left + parts - 1) / parts;
+}
+
+/* The 32-element types for m rows of x (row i: xq + i k, its scales dx8 + 8 i nb: dx of each block 8 times; y row
+   i: y + i ldy). Each weight block's quants are read and unpacked once for every row, and each row's arithmetic is
+   the same at every m (the block scale times dx, one FMA a block into one of two accumulators): a row's result has
+   the same bits whatever rows run beside it. */
 #define IDOT_ROWS(NAME, BB, QUANTS)                                                                  \
-    static void NAME(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, const int8_t *xq,       \
-                     const float *dx, float *y) {                                                  \
+    static inline __attribute__((always_inline)) void NAME##_m(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, const int8_t *xq,       \
+                     const float *dx8, int64_t ldy, float *y, const int64_t M) {                         \
+        const int64_t k = 32 * nb;                                                                 \
         for (int64_t r = r0; r < r1; r++) {                                                        \
             const uint8_t *wr = w + r * nb * BB;                                                   \
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0;                                              \
+            __m256 a0[4], a1[4];                                                           \
+            for (int64_t i = 0; i < M; i++) a0[i] = a1[i] = _mm256_setzero_ps();                   \
             int64_t blk = 0;                                                                       \
             for (; blk + 2 <= nb; blk += 2) {                                                      \
                 const uint8_t *b = wr + blk * BB;                                                  \
                 _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);                             \
-                a0 = _mm256_fmadd_ps(_mm256_set1_ps(f16(b) * dx[blk]),                             \
-                                     idot32(QUANTS(b), xq + 32 * blk), a0);                        \
-                a1 = _mm256_fmadd_ps(_mm256_set1_ps(f16(b + BB) * dx[blk + 1]),                  \
-                                     idot32(QUANTS(b + BB), xq + 32 * blk + 32), a1);             \
+                __m256i q0 = QUANTS(b), q1 = QUANTS(b + BB);                                       \
+                __m256i u0 = _mm256_sign_epi8(q0, q0), u1 = _mm256_sign_epi8(q1, q1);              \
+                __m256 w0 = _mm256_set1_ps(f16(b)), w1 = _mm256_set1_ps(f16(b + BB));              \
+                for (int64_t i = 0; i < M; i++) {                                                  \
+                    const int8_t *xi = xq + i * k + 32 * blk;                                      \
+                    const float *di = dx8 + 8 * (i * nb + blk);                                    \
+                    a0[i] = _mm256_fmadd_ps(_mm256_mul_ps(w0, _mm256_loadu_ps(di)), idot32u(q0, u0, xi), a0[i]); \
+                    a1[i] = _mm256_fmadd_ps(_mm256_mul_ps(w1, _mm256_loadu_ps(di + 8)), idot32u(q1, u1, xi + 32), \
+                                            a1[i]);                                                \
+                }                                                                                  \
             }                                                                                      \
-            for (; blk < nb; blk++)                                                                \
-                a0 = _mm256_fmadd_ps(_mm256_set1_ps(f16(wr + blk * BB) * dx[blk]),                \
-                                     idot32(QUANTS(wr + blk * BB), xq + 32 * blk), a0);           \
-            y[r] = hsum8(_mm256_add_ps(a0, a1));                                                   \
+            for (; blk < nb; blk++) {                                                              \
+                const uint8_t *b = wr + blk * BB;                                                  \
+                __m256i q0 = QUANTS(b), u0 = _mm256_sign_epi8(q0, q0);                             \
+                __m256 w0 = _mm256_set1_ps(f16(b));                                                \
+                for (int64_t i = 0; i < M; i++)                                                    \
+                    a0[i] = _mm256_fmadd_ps(_mm256_mul_ps(w0, _mm256_loadu_ps(dx8 + 8 * (i * nb + blk))), \
+                                            idot32u(q0, u0, xq + i * k + 32 * blk), a0[i]);        \
+            }                                                                                      \
+            for (int64_t i = 0; i < M; i++) y[i * ldy + r] = hsum8(_mm256_add_ps(a0[i], a1[i]));  \
+        }                                                                                          \
+    } \
+    static void NAME(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, const int8_t *xq, const float *dx8, int64_t m, int64_t ldy, float *y) { \
+        for (int64_t i0 = 0; i0 < m;) {                                                            \
+            const int64_t g = row_group(m - i0, 4);                                              \
+            switch (g) {                                                                           \
+                case 1: NAME##_m(w, r0, r1, nb, xq + 32 * i0 * nb, dx8 + 8 * i0 * nb, ldy, y + i0 * ldy, 1); break; \
+                case 2: NAME##_m(w, r0, r1, nb, xq + 32 * i0 * nb, dx8 + 8 * i0 * nb, ldy, y + i0 * ldy, 2); break; \
+                case 3: NAME##_m(w, r0, r1, nb, xq + 32 * i0 * nb, dx8 + 8 * i0 * nb, ldy, y + i0 * ldy, 3); break; \
+                case 4: NAME##_m(w, r0, r1, nb, xq + 32 * i0 * nb, dx8 + 8 * i0 * nb, ldy, y + i0 * ldy, 4); break; \
+            }                                                                                      \
+            i0 += g;                                                                               \
         }                                                                                          \
     }
 
+#ifndef VS_VNNI /* (with VNNI the 32-element types take VDOT_ROWS / VDOT2_ROWS) */
 IDOT_ROWS(idot_q8_0, 34, quants_q8_0)
 IDOT_ROWS(idot_q5_0, 22, quants_q5_0)
 IDOT_ROWS(idot_q4_0, 18, quants_q4_0)
+#endif
 
 #ifdef VS_VNNI
 /* A block's quants as unsigned bytes u, q = u - OFFSET (Q8_0: the sign bit flipped, 128; Q4_0: the nibbles, 8;
@@ -679,32 +723,58 @@ static inline __attribute__((always_inline)) __m256i uquants_q5_0(const uint8_t 
     return _mm256_mask_add_epi8(v, (__mmask32)qh, v, _mm256_set1_epi8(16));
 }
 
-/* xo: per x block 8 int32, lane 0 -OFFSET * sum xq, the rest 0 (the accumulator each block's dpbusd starts from). */
+/* xo: per x block 8 int32, lane 0 -OFFSET * sum xq, the rest 0 (the accumulator each block's dpbusd starts from);
+   row i's at xo + 8 i nb. Rows, scales and the result as IDOT_ROWS. */
 #define VDOT_ROWS(NAME, BB, UQUANTS)                                                                 \
-    static void NAME(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, const int8_t *xq,       \
-                     const float *dx, const int32_t *xo, float *y) {                               \
+    static inline __attribute__((always_inline)) void NAME##_m(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, const int8_t *xq,       \
+                     const float *dx8, const int32_t *xo, int64_t ldy, float *y, const int64_t M) {      \
+        const int64_t k = 32 * nb;                                                                 \
         for (int64_t r = r0; r < r1; r++) {                                                        \
             const uint8_t *wr = w + r * nb * BB;                                                   \
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0;                                              \
+            __m256 a0[4], a1[4];                                                           \
+            for (int64_t i = 0; i < M; i++) a0[i] = a1[i] = _mm256_setzero_ps();                   \
             int64_t blk = 0;                                                                       \
             for (; blk + 2 <= nb; blk += 2) {                                                      \
                 const uint8_t *b = wr + blk * BB;                                                  \
                 _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);                             \
-                __m256i p0 = _mm256_dpbusd_epi32(_mm256_loadu_si256((const __m256i *)(xo + 8 * blk)), UQUANTS(b), \
-                                                 _mm256_loadu_si256((const __m256i *)(xq + 32 * blk))); \
-                __m256i p1 = _mm256_dpbusd_epi32(_mm256_loadu_si256((const __m256i *)(xo + 8 * blk + 8)),       \
-                                                 UQUANTS(b + BB),                                  \
-                                                 _mm256_loadu_si256((const __m256i *)(xq + 32 * blk + 32))); \
-                a0 = _mm256_fmadd_ps(_mm256_set1_ps(f16(b) * dx[blk]), _mm256_cvtepi32_ps(p0), a0); \
-                a1 = _mm256_fmadd_ps(_mm256_set1_ps(f16(b + BB) * dx[blk + 1]), _mm256_cvtepi32_ps(p1), a1); \
+                __m256i q0 = UQUANTS(b), q1 = UQUANTS(b + BB);                                     \
+                __m256 w0 = _mm256_set1_ps(f16(b)), w1 = _mm256_set1_ps(f16(b + BB));              \
+                for (int64_t i = 0; i < M; i++) {                                                  \
+                    const int64_t o = 8 * (i * nb + blk);                                          \
+                    const int8_t *xi = xq + i * k + 32 * blk;                                      \
+                    __m256i p0 = _mm256_dpbusd_epi32(_mm256_loadu_si256((const __m256i *)(xo + o)), q0, \
+                                                     _mm256_loadu_si256((const __m256i *)xi));     \
+                    __m256i p1 = _mm256_dpbusd_epi32(_mm256_loadu_si256((const __m256i *)(xo + o + 8)), q1, \
+                                                     _mm256_loadu_si256((const __m256i *)(xi + 32))); \
+                    a0[i] = _mm256_fmadd_ps(_mm256_mul_ps(w0, _mm256_loadu_ps(dx8 + o)), _mm256_cvtepi32_ps(p0), a0[i]); \
+                    a1[i] = _mm256_fmadd_ps(_mm256_mul_ps(w1, _mm256_loadu_ps(dx8 + o + 8)), _mm256_cvtepi32_ps(p1), \
+                                            a1[i]);                                                \
+                }                                                                                  \
             }                                                                                      \
             for (; blk < nb; blk++) {                                                              \
                 const uint8_t *b = wr + blk * BB;                                                  \
-                __m256i p = _mm256_dpbusd_epi32(_mm256_loadu_si256((const __m256i *)(xo + 8 * blk)), UQUANTS(b), \
-                                                _mm256_loadu_si256((const __m256i *)(xq + 32 * blk))); \
-                a0 = _mm256_fmadd_ps(_mm256_set1_ps(f16(b) * dx[blk]), _mm256_cvtepi32_ps(p), a0);  \
+                __m256i q0 = UQUANTS(b);                                                           \
+                __m256 w0 = _mm256_set1_ps(f16(b));                                                \
+                for (int64_t i = 0; i < M; i++) {                                                  \
+                    const int64_t o = 8 * (i * nb + blk);                                          \
+                    __m256i p = _mm256_dpbusd_epi32(_mm256_loadu_si256((const __m256i *)(xo + o)), q0, \
+                                                    _mm256_loadu_si256((const __m256i *)(xq + i * k + 32 * blk))); \
+                    a0[i] = _mm256_fmadd_ps(_mm256_mul_ps(w0, _mm256_loadu_ps(dx8 + o)), _mm256_cvtepi32_ps(p), a0[i]); \
+                }                                                                                  \
             }                                                                                      \
-            y[r] = hsum8(_mm256_add_ps(a0, a1));                                                   \
+            for (int64_t i = 0; i < M; i++) y[i * ldy + r] = hsum8(_mm256_add_ps(a0[i], a1[i]));  \
+        }                                                                                          \
+    } \
+    static void NAME(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, const int8_t *xq, const float *dx8, const int32_t *xo, int64_t m, int64_t ldy, float *y) { \
+        for (int64_t i0 = 0; i0 < m;) {                                                            \
+            const int64_t g = row_group(m - i0, 4);                                              \
+            switch (g) {                                                                           \
+                case 1: NAME##_m(w, r0, r1, nb, xq + 32 * i0 * nb, dx8 + 8 * i0 * nb, xo + 8 * i0 * nb, ldy, y + i0 * ldy, 1); break; \
+                case 2: NAME##_m(w, r0, r1, nb, xq + 32 * i0 * nb, dx8 + 8 * i0 * nb, xo + 8 * i0 * nb, ldy, y + i0 * ldy, 2); break; \
+                case 3: NAME##_m(w, r0, r1, nb, xq + 32 * i0 * nb, dx8 + 8 * i0 * nb, xo + 8 * i0 * nb, ldy, y + i0 * ldy, 3); break; \
+                case 4: NAME##_m(w, r0, r1, nb, xq + 32 * i0 * nb, dx8 + 8 * i0 * nb, xo + 8 * i0 * nb, ldy, y + i0 * ldy, 4); break; \
+            }                                                                                      \
+            i0 += g;                                                                               \
         }                                                                                          \
     }
 
@@ -736,35 +806,64 @@ static inline __attribute__((always_inline)) __m512i uquants2_q5_0(const uint8_t
     return _mm512_mask_add_epi8(v, (__mmask64)(((uint64_t)h1 << 32) | h0), v, _mm512_set1_epi8(16));
 }
 
+/* VDOT_ROWS with two blocks on 16 lanes: block pairs into two accumulators (blocks 4j, 4j + 1 and 4j + 2, 4j + 3),
+   the blocks past the last multiple of 4 on 8 lanes. */
 #define VDOT2_ROWS(NAME, BB, UQUANTS2, UQUANTS)                                                      \
-    static void NAME(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, const int8_t *xq,       \
-                     const float *dx, const int32_t *xo, float *y) {                               \
+    static inline __attribute__((always_inline)) void NAME##_m(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, const int8_t *xq,       \
+                     const float *dx8, const int32_t *xo, int64_t ldy, float *y, const int64_t M) {      \
+        const int64_t k = 32 * nb;                                                                 \
         for (int64_t r = r0; r < r1; r++) {                                                        \
             const uint8_t *wr = w + r * nb * BB;                                                   \
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0;                                              \
+            __m512 a0[5], a1[5];                                                           \
+            __m256 t[5];                                                                       \
+            for (int64_t i = 0; i < M; i++) {                                                      \
+                a0[i] = a1[i] = _mm512_setzero_ps();                                               \
+                t[i] = _mm256_setzero_ps();                                                        \
+            }                                                                                      \
             int64_t blk = 0;                                                                       \
             for (; blk + 4 <= nb; blk += 4) {                                                      \
                 const uint8_t *b = wr + blk * BB;                                                  \
                 _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);                             \
                 _mm_prefetch((const char *)b + PREFETCH + 64, _MM_HINT_T0);                        \
-                for (int u = 0; u < 4; u += 2) {                                                   \
-                    const uint8_t *c = b + u * BB;                                                 \
-                    __m512i p = _mm512_dpbusd_epi32(_mm512_loadu_si512(xo + 8 * (blk + u)), UQUANTS2(c, c + BB), \
-                                                    _mm512_loadu_si512(xq + 32 * (blk + u)));      \
-                    __m512 sc = _mm512_insertf32x8(_mm512_set1_ps(f16(c) * dx[blk + u]),           \
-                                                   _mm256_set1_ps(f16(c + BB) * dx[blk + u + 1]), 1); \
-                    if (u) a1 = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(p), a1);                    \
-                    else a0 = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(p), a0);                      \
+                __m512i q0 = UQUANTS2(b, b + BB), q1 = UQUANTS2(b + 2 * BB, b + 3 * BB);          \
+                __m512 w0 = _mm512_insertf32x8(_mm512_set1_ps(f16(b)), _mm256_set1_ps(f16(b + BB)), 1); \
+                __m512 w1 = _mm512_insertf32x8(_mm512_set1_ps(f16(b + 2 * BB)), _mm256_set1_ps(f16(b + 3 * BB)), 1); \
+                for (int64_t i = 0; i < M; i++) {                                                  \
+                    const int64_t o = 8 * (i * nb + blk);                                          \
+                    const int8_t *xi = xq + i * k + 32 * blk;                                      \
+                    __m512i p0 = _mm512_dpbusd_epi32(_mm512_loadu_si512(xo + o), q0, _mm512_loadu_si512(xi)); \
+                    __m512i p1 = _mm512_dpbusd_epi32(_mm512_loadu_si512(xo + o + 16), q1, _mm512_loadu_si512(xi + 64)); \
+                    a0[i] = _mm512_fmadd_ps(_mm512_mul_ps(w0, _mm512_loadu_ps(dx8 + o)), _mm512_cvtepi32_ps(p0), a0[i]); \
+                    a1[i] = _mm512_fmadd_ps(_mm512_mul_ps(w1, _mm512_loadu_ps(dx8 + o + 16)), _mm512_cvtepi32_ps(p1), \
+                                            a1[i]);                                                \
                 }                                                                                  \
             }                                                                                      \
-            __m256 t = _mm256_setzero_ps();                                                        \
             for (; blk < nb; blk++) {                                                              \
                 const uint8_t *b = wr + blk * BB;                                                  \
-                __m256i p = _mm256_dpbusd_epi32(_mm256_loadu_si256((const __m256i *)(xo + 8 * blk)), UQUANTS(b), \
-                                                _mm256_loadu_si256((const __m256i *)(xq + 32 * blk))); \
-                t = _mm256_fmadd_ps(_mm256_set1_ps(f16(b) * dx[blk]), _mm256_cvtepi32_ps(p), t);   \
+                __m256i q = UQUANTS(b);                                                            \
+                __m256 w8 = _mm256_set1_ps(f16(b));                                                \
+                for (int64_t i = 0; i < M; i++) {                                                  \
+                    const int64_t o = 8 * (i * nb + blk);                                          \
+                    __m256i p = _mm256_dpbusd_epi32(_mm256_loadu_si256((const __m256i *)(xo + o)), q, \
+                                                    _mm256_loadu_si256((const __m256i *)(xq + i * k + 32 * blk))); \
+                    t[i] = _mm256_fmadd_ps(_mm256_mul_ps(w8, _mm256_loadu_ps(dx8 + o)), _mm256_cvtepi32_ps(p), t[i]); \
+                }                                                                                  \
             }                                                                                      \
-            y[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) + hsum8(t);                         \
+            for (int64_t i = 0; i < M; i++)                                                        \
+                y[i * ldy + r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[i], a1[i])) + hsum8(t[i]);  \
+        }                                                                                          \
+    } \
+    static void NAME(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, const int8_t *xq, const float *dx8, const int32_t *xo, int64_t m, int64_t ldy, float *y) { \
+        for (int64_t i0 = 0; i0 < m;) {                                                            \
+            const int64_t g = row_group(m - i0, 5);                                              \
+            switch (g) {                                                                           \
+                case 1: NAME##_m(w, r0, r1, nb, xq + 32 * i0 * nb, dx8 + 8 * i0 * nb, xo + 8 * i0 * nb, ldy, y + i0 * ldy, 1); break; \
+                case 2: NAME##_m(w, r0, r1, nb, xq + 32 * i0 * nb, dx8 + 8 * i0 * nb, xo + 8 * i0 * nb, ldy, y + i0 * ldy, 2); break; \
+                case 3: NAME##_m(w, r0, r1, nb, xq + 32 * i0 * nb, dx8 + 8 * i0 * nb, xo + 8 * i0 * nb, ldy, y + i0 * ldy, 3); break; \
+                case 4: NAME##_m(w, r0, r1, nb, xq + 32 * i0 * nb, dx8 + 8 * i0 * nb, xo + 8 * i0 * nb, ldy, y + i0 * ldy, 4); break; \
+                case 5: NAME##_m(w, r0, r1, nb, xq + 32 * i0 * nb, dx8 + 8 * i0 * nb, xo + 8 * i0 * nb, ldy, y + i0 * ldy, 5); break; \
+            }                                                                                      \
+            i0 += g;                                                                               \
         }                                                                                          \
     }
 
@@ -932,47 +1031,52 @@ int vs_gemv_int8(int t, const uint8_t *w, int64_t n, int64_t k, const float *x, 
         return -1;
     }
     quantize_x8(x, m * nb, xq, dx, xs);
-#ifdef VS_VNNI
+    float *dx8 = NULL; /* the 32-element types: each block's dx 8 times (one vector load a block and row) */
     int32_t *xo = NULL;
     if (!kq) {
+        dx8 = (float *)malloc(sizeof(float) * (size_t)(8 * m * nb));
+        if (!dx8) {
+            free(xq);
+            free(dx);
+            free(xs);
+            return -1;
+        }
+        for (int64_t b = 0; b < m * nb; b++)
+            for (int j = 0; j < 8; j++) dx8[8 * b + j] = dx[b];
+#ifdef VS_VNNI
         int off = t == T_Q8_0 ? OFFSET_Q8_0 : t == T_Q5_0 ? OFFSET_Q5_0 : OFFSET_Q4_0;
         xo = (int32_t *)calloc((size_t)(8 * m * nb), sizeof(int32_t));
         if (!xo) {
             free(xq);
             free(dx);
             free(xs);
+            free(dx8);
             return -1;
         }
         for (int64_t b = 0; b < m * nb; b++) xo[8 * b] = -off * xs[b];
-    }
 #endif
+    }
     int64_t chunk = 16, tasks = (n + chunk - 1) / chunk;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t task = 0; task < tasks; task++) {
         int64_t r0 = task * chunk, r1 = r0 + chunk < n ? r0 + chunk : n;
-        if (t == T_Q4_K) { idot_q4_k(w, r0, r1, k / 256, xq, dx, xs, m, ldy, y); continue; }
-        if (t == T_Q6_K) { idot_q6_k(w, r0, r1, k / 256, xq, dx, m, ldy, y); continue; }
-        for (int64_t i = 0; i < m; i++) {
-            const int8_t *xi = xq + i * k;
-            const float *di = dx + i * nb;
+        if (t == T_Q4_K) idot_q4_k(w, r0, r1, k / 256, xq, dx, xs, m, ldy, y);
+        else if (t == T_Q6_K) idot_q6_k(w, r0, r1, k / 256, xq, dx, m, ldy, y);
 #ifdef VS_VNNI
-            const int32_t *oi = xo + 8 * i * nb;
-            if (t == T_Q8_0) vdot_q8_0(w, r0, r1, nb, xi, di, oi, y + i * ldy);
-            else if (t == T_Q5_0) vdot_q5_0(w, r0, r1, nb, xi, di, oi, y + i * ldy);
-            else vdot_q4_0(w, r0, r1, nb, xi, di, oi, y + i * ldy);
-            continue;
+        else if (t == T_Q8_0) vdot_q8_0(w, r0, r1, nb, xq, dx8, xo, m, ldy, y);
+        else if (t == T_Q5_0) vdot_q5_0(w, r0, r1, nb, xq, dx8, xo, m, ldy, y);
+        else vdot_q4_0(w, r0, r1, nb, xq, dx8, xo, m, ldy, y);
+#else
+        else if (t == T_Q8_0) idot_q8_0(w, r0, r1, nb, xq, dx8, m, ldy, y);
+        else if (t == T_Q5_0) idot_q5_0(w, r0, r1, nb, xq, dx8, m, ldy, y);
+        else idot_q4_0(w, r0, r1, nb, xq, dx8, m, ldy, y);
 #endif
-            if (t == T_Q8_0) idot_q8_0(w, r0, r1, nb, xi, di, y + i * ldy);
-            else if (t == T_Q5_0) idot_q5_0(w, r0, r1, nb, xi, di, y + i * ldy);
-            else idot_q4_0(w, r0, r1, nb, xi, di, y + i * ldy);
-        }
     }
     free(xq);
     free(dx);
     free(xs);
-#ifdef VS_VNNI
+    free(dx8);
     free(xo);
-#endif
     return 0;
 #else
     (void)t; (void)w; (void)n; (void)k; (void)x; (void)m; (void)y; (void)ldy; (void)threads;

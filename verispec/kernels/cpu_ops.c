@@ -103,49 +103,60 @@ int vs_paged_attention(const float *q, int64_t T, int64_t H, int64_t KH, int64_t
         if (qsl[b + 1] < qsl[b] || seq_lens[b] < qsl[b + 1] - qsl[b] || seq_lens[b] > max_blocks * bs) return -1;
         if (seq_lens[b] > max_len) max_len = seq_lens[b];
     }
-    int64_t group = H / KH, row = KH * D, tasks = T * H;
+    int64_t group = H / KH, row = KH * D, tasks = T * KH;
     const float *vcache = kv + num_slots * row;
     int bad = 0;
-    /* one thread below ~64k multiply-adds: a fork costs more than the work */
-#pragma omp parallel num_threads(threads) if (tasks * max_len * D > 65536) reduction(| : bad)
+    /* A task is one query token and one K/V head: the `group` query heads that read that head go through its
+       keys together (each key and value row is read once for all of them). Each query head's arithmetic is the
+       same as alone (its dots, max, exponentials and sums in key order), so its result does not depend on the
+       other heads or tokens of the step. One thread below ~64k multiply-adds: a fork costs more than the work. */
+#pragma omp parallel num_threads(threads) if (T * H * max_len * D > 65536) reduction(| : bad)
     {
-        float *sc = (float *)malloc(sizeof(float) * (size_t)(max_len > 0 ? max_len : 1));
-        int64_t *sl = (int64_t *)malloc(sizeof(int64_t) * (size_t)(max_len > 0 ? max_len : 1));
+        int64_t n = max_len > 0 ? max_len : 1;
+        float *sc = (float *)malloc(sizeof(float) * (size_t)(n * group + 2 * group));
+        int64_t *sl = (int64_t *)malloc(sizeof(int64_t) * (size_t)n);
         if (!sc || !sl) bad = 1;
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < tasks; task++) {
             if (!sc || !sl) continue;
-            int64_t t = task / H, h = task % H, b = 0;
+            int64_t t = task / KH, kh = task % KH, b = 0;
             while (qsl[b + 1] <= t) b++;
             int64_t ql = qsl[b + 1] - qsl[b], len = seq_lens[b];
             int64_t p = causal ? len - ql + (t - qsl[b]) : len - 1;
             int64_t lo = kv_start ? kv_start[b] : 0;
             if (window > 0 && p - window + 1 > lo) lo = p - window + 1;
             if (lo < 0) lo = 0;
-            const float *qh = q + (t * H + h) * D;
-            float *o = out + (t * H + h) * D;
-            memset(o, 0, sizeof(float) * (size_t)D);
+            const float *q0 = q + (t * H + kh * group) * D;
+            float *o0 = out + (t * H + kh * group) * D, *mx = sc + n * group, *sum = mx + group;
+            memset(o0, 0, sizeof(float) * (size_t)(group * D));
             if (lo > p) continue;
             const int32_t *tab = tables + b * max_blocks;
-            int64_t kh = h / group;
-            float mx = -INFINITY;
+            for (int64_t g = 0; g < group; g++) mx[g] = -INFINITY;
             for (int64_t j = lo; j <= p; j++) {
                 int64_t slot = (int64_t)tab[j / bs] * bs + j % bs;
                 if (slot < 0 || slot >= num_slots) { bad = 1; slot = 0; }
                 sl[j - lo] = slot;
-                float s = dot(qh, kv + slot * row + kh * D, D) * scale;
-                sc[j - lo] = s;
-                mx = s > mx ? s : mx;
+                const float *kj = kv + slot * row + kh * D;
+                for (int64_t g = 0; g < group; g++) {
+                    float s = dot(q0 + g * D, kj, D) * scale;
+                    sc[g * n + j - lo] = s;
+                    mx[g] = s > mx[g] ? s : mx[g];
+                }
             }
-            float sum = 0.0f;
+            for (int64_t g = 0; g < group; g++) sum[g] = 0.0f;
             for (int64_t j = 0; j <= p - lo; j++) {
-                float e = expf(sc[j] - mx);
-                sum += e;
                 const float *vj = vcache + sl[j] * row + kh * D;
-                for (int64_t d = 0; d < D; d++) o[d] += e * vj[d];
+                for (int64_t g = 0; g < group; g++) {
+                    float e = expf(sc[g * n + j] - mx[g]);
+                    sum[g] += e;
+                    float *o = o0 + g * D;
+                    for (int64_t d = 0; d < D; d++) o[d] += e * vj[d];
+                }
             }
-            float inv = 1.0f / sum;
-            for (int64_t d = 0; d < D; d++) o[d] *= inv;
+            for (int64_t g = 0; g < group; g++) {
+                float inv = 1.0f / sum[g], *o = o0 + g * D;
+                for (int64_t d = 0; d < D; d++) o[d] *= inv;
+            }
         }
         free(sc);
         free(sl);
