@@ -182,10 +182,14 @@ def test_int8_gemv_takes_every_row_count_and_a_row_does_not_depend_on_it(qtype, 
 
 
 @needs_int8
-def test_int8_gemv_is_exact_for_zero_blocks_and_stops_at_max_rows():
+def test_int8_gemv_is_exact_for_zero_blocks_and_takes_prompt_chunks():
     w, ref = _weight(T.Q8_0, 33, 96, seed=9)
-    x = torch.randn(cpu_gguf.MAX_ROWS + 1, 96)
-    assert torch.equal(cpu_gguf.linear(x, w, int8=True), cpu_gguf.linear(x, w))  # 17 rows: dequantize + GEMM
+    # 17 rows and more (a prompt chunk) take the integer dot too, MAX_ROWS at a time, each row its own bits
+    for m in (cpu_gguf.MAX_ROWS + 1, 3 * cpu_gguf.MAX_ROWS + 5):
+        xm = torch.randn(m, 96, generator=torch.Generator().manual_seed(m))
+        got = cpu_gguf.linear(xm, w, int8=True)
+        _assert_int8_dot(xm, w, ref)
+        assert all(torch.equal(got[i], cpu_gguf.linear(xm[i : i + 1], w, int8=True)[0]) for i in range(m))
     x1 = torch.zeros(1, 96)
     x1[0, 40] = 2.0  # block 0 and 2 all zero (d = 0), block 1 one value: rounding is exact
     assert torch.allclose(cpu_gguf.linear(x1, w, int8=True)[0], 2.0 * ref[:, 40], rtol=1e-6, atol=0)
@@ -212,8 +216,8 @@ def test_loader_takes_the_int8_gemv_unless_turned_off(monkeypatch):
     # on: Q4_K runs as blocks through the integer dot; off: it keeps its int4 plane
     assert [type(s).__name__ for s in on_segs] == ["GGUFSegment"] * 3
     assert [type(s).__name__ for s in off_segs] == ["GGUFSegment", "GGUFSegment", "Int4Planes"]
-    assert held_on["Q4_K: GGUF blocks (CPU kernel, int8 x up to 16 rows)"] == 1
-    assert held_on["Q6_K: GGUF blocks (CPU kernel, int8 x up to 16 rows)"] == 1
+    assert held_on["Q4_K: GGUF blocks (CPU kernel, int8 x)"] == 1
+    assert held_on["Q6_K: GGUF blocks (CPU kernel, int8 x)"] == 1
     assert held["Q5_0: GGUF blocks (CPU kernel)"] == 1 and held["Q6_K: GGUF blocks (CPU kernel)"] == 1
     for i, t in enumerate((T.Q5_0, T.Q6_K)):
         w = cpu_gguf.CPUBlocks(parts[i][0].reshape(40, -1), int(t), (40, 256))

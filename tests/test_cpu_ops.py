@@ -319,3 +319,38 @@ def test_a_verify_row_is_a_decode_row_bit_for_bit(gguf05, rows):
             outs.append(torch.cat([_step_logits(model, caches, [t], len(prompt) + i, bs, blocks)
                                    for i, t in enumerate(follow)]))
     assert torch.equal(outs[0], outs[1]), float((outs[0] - outs[1]).abs().max())
+
+
+@needs_int8
+def test_a_prompt_is_the_same_bits_in_any_chunking(gguf05):
+    """The real 0.5B on the quantized CPU path: a 40-token prompt prefilled in one chunk, in chunks of 7, and one
+    token at a time leaves the same K/V cache and the same last-token logits bit for bit (the integer dot at every
+    row count and the C attention for prompt chunks too: prefill chunking, a drafter's catch-up, a preempted
+    request's recompute and a prefix hit compute what one whole prefill does). With torch's SDPA for the long
+    chunk (cpu_ops.MAX_QUERY_LEN = 16, the rule before session 30) the bits differ."""
+    from verispec.kernels import cpu_ops
+
+    model, tok = gguf05
+    cfg = model.config
+    prompt = (tok.encode("def quicksort(a):\n    if len(a) <= 1:\n        return a\n    pivot = a[0]\n") * 3)[:40]
+    assert len(prompt) == 40
+    bs, blocks = 16, 3
+
+    def run(chunk: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        caches = [torch.zeros(2, blocks * bs, cfg.num_kv_heads, cfg.head_dim) for _ in range(cfg.num_layers)]
+        for s in range(0, len(prompt), chunk):
+            logits = _step_logits(model, caches, prompt[s : s + chunk], s, bs, blocks, last=True)
+        return logits, caches
+
+    whole, whole_kv = run(40)
+    for chunk in (7, 1):
+        logits, kv = run(chunk)
+        assert torch.equal(logits, whole), (chunk, float((logits - whole).abs().max()))
+        assert all(torch.equal(a, b) for a, b in zip(kv, whole_kv, strict=True)), chunk
+    before = cpu_ops.MAX_QUERY_LEN
+    try:
+        cpu_ops.MAX_QUERY_LEN = 16
+        sdpa, _ = run(40)
+    finally:
+        cpu_ops.MAX_QUERY_LEN = before
+    assert not torch.equal(sdpa, whole)  # (the test can tell the two attention paths apart)

@@ -2,8 +2,9 @@
 paged attention over the block table, in one call each per layer (the plain-torch reference takes ~25 ops, and a
 CPU decode step is op-bound outside its matmuls).
 
-Steps whose longest query is longer than cpu_ops.MAX_QUERY_LEN (prefill) keep the reference's SDPA over gather
-indices, which prepare_metadata builds for those steps only. Non-float32 tensors go to the reference too.
+Every step takes the C attention (cpu_ops.MAX_QUERY_LEN None: prompt chunks too, so a query's result does not
+depend on the chunk it is in); with a MAX_QUERY_LEN, longer steps keep the reference's SDPA over gather indices,
+which prepare_metadata builds for those steps only. Non-float32 tensors go to the reference too.
 models/kernel_path.enable_cpu_ops installs it; the float32 reference model keeps attention/reference.py.
 """
 
@@ -16,13 +17,14 @@ from verispec.kernels import cpu_ops
 
 
 class CPUBackend(ReferenceBackend):
-    """ReferenceBackend's contract; decode and verify steps (queries of at most MAX_QUERY_LEN tokens) in C."""
+    """ReferenceBackend's contract; steps of queries up to cpu_ops.MAX_QUERY_LEN tokens (None: every step) in C."""
 
     name = "cpu"
     needs_reference_indices = True  # prepare_metadata decides per step (none for a C step)
 
     def prepare_metadata(self, query_lens, seq_lens, block_tables, block_size, device, causal=True, kv_starts=None):
-        if max(query_lens, default=0) <= cpu_ops.MAX_QUERY_LEN:
+        limit = cpu_ops.MAX_QUERY_LEN
+        if limit is None or max(query_lens, default=0) <= limit:
             return {}
         return build_reference_indices(query_lens, seq_lens, block_tables, block_size, device, causal, kv_starts)
 

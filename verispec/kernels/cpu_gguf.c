@@ -1011,13 +1011,16 @@ int vs_int8_route(void) {
 #endif
 }
 
-/* y[i * ldy + :n] = x[i * k + :k] . W[r] through the integer dot, i < m <= MAX_M (Q8_0, Q5_0, Q4_0, Q4_K, Q6_K).
+/* y[i * ldy + :n] = x[i * k + :k] . W[r] through the integer dot, i < m, any m >= 1 (Q8_0, Q5_0, Q4_0, Q4_K, Q6_K):
+   each task of 16 weight rows goes through x's rows MAX_M at a time, so a prompt chunk of many rows streams the
+   weights from memory once (its 16 rows stay in cache across the slices) and each row's arithmetic is the same at
+   every m.
    Returns 0, or -1 for bad arguments or without AVX2 + FMA. */
 int vs_gemv_int8(int t, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, float *y, int64_t ldy,
                  int threads) {
 #ifdef VS_INT8
     int kq = t == T_Q4_K || t == T_Q6_K;
-    if ((t != T_Q8_0 && t != T_Q5_0 && t != T_Q4_0 && !kq) || k % (kq ? 256 : 32) || m < 1 || m > MAX_M ||
+    if ((t != T_Q8_0 && t != T_Q5_0 && t != T_Q4_0 && !kq) || k % (kq ? 256 : 32) || m < 1 ||
         threads < 1 || ldy < n)
         return -1;
     int64_t nb = k / 32;
@@ -1060,17 +1063,22 @@ int vs_gemv_int8(int t, const uint8_t *w, int64_t n, int64_t k, const float *x, 
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t task = 0; task < tasks; task++) {
         int64_t r0 = task * chunk, r1 = r0 + chunk < n ? r0 + chunk : n;
-        if (t == T_Q4_K) idot_q4_k(w, r0, r1, k / 256, xq, dx, xs, m, ldy, y);
-        else if (t == T_Q6_K) idot_q6_k(w, r0, r1, k / 256, xq, dx, m, ldy, y);
+        for (int64_t i0 = 0; i0 < m; i0 += MAX_M) {
+            const int64_t mm = m - i0 < MAX_M ? m - i0 : MAX_M;
+            const int8_t *xqi = xq + i0 * k;
+            float *yi = y + i0 * ldy;
+            if (t == T_Q4_K) idot_q4_k(w, r0, r1, k / 256, xqi, dx + i0 * nb, xs + i0 * nb, mm, ldy, yi);
+            else if (t == T_Q6_K) idot_q6_k(w, r0, r1, k / 256, xqi, dx + i0 * nb, mm, ldy, yi);
 #ifdef VS_VNNI
-        else if (t == T_Q8_0) vdot_q8_0(w, r0, r1, nb, xq, dx8, xo, m, ldy, y);
-        else if (t == T_Q5_0) vdot_q5_0(w, r0, r1, nb, xq, dx8, xo, m, ldy, y);
-        else vdot_q4_0(w, r0, r1, nb, xq, dx8, xo, m, ldy, y);
+            else if (t == T_Q8_0) vdot_q8_0(w, r0, r1, nb, xqi, dx8 + 8 * i0 * nb, xo + 8 * i0 * nb, mm, ldy, yi);
+            else if (t == T_Q5_0) vdot_q5_0(w, r0, r1, nb, xqi, dx8 + 8 * i0 * nb, xo + 8 * i0 * nb, mm, ldy, yi);
+            else vdot_q4_0(w, r0, r1, nb, xqi, dx8 + 8 * i0 * nb, xo + 8 * i0 * nb, mm, ldy, yi);
 #else
-        else if (t == T_Q8_0) idot_q8_0(w, r0, r1, nb, xq, dx8, m, ldy, y);
-        else if (t == T_Q5_0) idot_q5_0(w, r0, r1, nb, xq, dx8, m, ldy, y);
-        else idot_q4_0(w, r0, r1, nb, xq, dx8, m, ldy, y);
+            else if (t == T_Q8_0) idot_q8_0(w, r0, r1, nb, xqi, dx8 + 8 * i0 * nb, mm, ldy, yi);
+            else if (t == T_Q5_0) idot_q5_0(w, r0, r1, nb, xqi, dx8 + 8 * i0 * nb, mm, ldy, yi);
+            else idot_q4_0(w, r0, r1, nb, xqi, dx8 + 8 * i0 * nb, mm, ldy, yi);
 #endif
+        }
     }
     free(xq);
     free(dx);

@@ -3,11 +3,13 @@ system C compiler and called through ctypes.
 
 Up to MAX_ROWS rows of x (decode, verify) run cpu_gguf.c's GEMV: it streams each weight row's blocks once,
 dequantizes them exactly as loader/dequant.py does and sums in float32 (AVX-512 where the CPU has it, else AVX2 + FMA), so
-the result is the float32 reference's up to summation order, reading the file's bytes only; up to MAX_ROWS rows
-of a Q8_0, Q5_0, Q4_0, Q4_K or Q6_K weight may instead take the integer-dot GEMV (linear(int8=True), the
-loader's default): x rounded to int8 per 32 elements, as llama.cpp, not the reference's arithmetic, and each
-row's result the same bits at every row count (so a decode, a verify and a batch of them agree). More rows
-(prefill) dequantize the weight to float32 in the kernel and run torch's GEMM. The library is built with
+the result is the float32 reference's up to summation order, reading the file's bytes only; more rows dequantize the
+weight to float32 in the kernel and run torch's GEMM. Any number of rows of a Q8_0, Q5_0, Q4_0, Q4_K or Q6_K weight
+may instead take the integer-dot GEMV (linear(int8=True), the loader's default, prompt chunks included): x rounded
+to int8 per 32 elements, as llama.cpp, not the reference's arithmetic, each weight block unpacked once for up to
+MAX_ROWS rows (in register-resident groups of a few), and each row's result the same bits at every row count (so a
+decode, a verify, a batch and a prompt chunk agree). At 16-128 rows it is 2.2-4.8x faster than the dequantize +
+GEMM route on a 2-core AVX-512 EPYC (BENCHMARKS "Session 30, CPU"). The library is built with
 `cc -O3 -march=native -fopenmp` into `<cache>/kernels/` keyed by the source, the compiler and the CPU; no
 compiler, a failed build or a wrong answer on the start-up check make available() False (the caller
 keeps the int4 path). VERISPEC_CPU_GGUF=0 turns it off.
@@ -38,7 +40,7 @@ log = logging.getLogger("verispec")
 _SOURCE = Path(__file__).with_name("cpu_gguf.c")
 # Built into the same library: the decode step's small float32 ops (kernels/cpu_ops.py calls them).
 _SOURCES = (_SOURCE, Path(__file__).with_name("cpu_ops.c"))
-MAX_ROWS = 16  # cpu_gguf.c's MAX_M: more rows take the dequantize + GEMM route
+MAX_ROWS = 16  # cpu_gguf.c's MAX_M: more rows take the dequantize + GEMM route (the integer dot: any row count)
 _GEMM_SLICE_ELEMS = 1 << 22  # that route dequantizes this many weight elements at a time (16 MB of float32)
 # ggml type id -> (elements, bytes) per block, for the types cpu_gguf.c runs.
 BLOCKS: dict[int, tuple[int, int]] = {2: (32, 18), 6: (32, 22), 8: (32, 34), 12: (256, 144), 14: (256, 210)}
@@ -159,7 +161,7 @@ def int8_route(lib: ctypes.CDLL | None = None) -> int:
 
 
 def gemv_int8(lib: ctypes.CDLL, x: torch.Tensor, w: CPUBlocks) -> torch.Tensor:
-    """x [m, K] float32 through lib's integer-dot GEMV (any m <= MAX_ROWS, every INT8_TYPES type): what
+    """x [m, K] float32 through lib's integer-dot GEMV (any m >= 1, every INT8_TYPES type): what
     linear(int8=True) calls, on a given library."""
     n, k = w.shape
     x2 = x.reshape(-1, k).to(torch.float32).contiguous()
@@ -182,8 +184,8 @@ def dequantize(w: CPUBlocks) -> torch.Tensor:
 
 def linear(x: torch.Tensor, w: CPUBlocks, int8: bool = False) -> torch.Tensor:
     """x [..., K] -> [..., N] float32 (x is cast to float32): the GEMV for up to MAX_ROWS rows, else
-    dequantize + F.linear. int8: up to MAX_ROWS rows of an INT8_TYPES weight take the integer-dot GEMV where it
-    is built (int8_available()): x rounded to int8 per 32 elements, as llama.cpp's decode, each row's result
+    dequantize + F.linear. int8: every row count of an INT8_TYPES weight takes the integer-dot GEMV where it
+    is built (int8_available()): x rounded to int8 per 32 elements, as llama.cpp's, each row's result
     independent of the row count."""
     n, k = w.shape
     if x.shape[-1] != k:
@@ -191,12 +193,12 @@ def linear(x: torch.Tensor, w: CPUBlocks, int8: bool = False) -> torch.Tensor:
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k).to(torch.float32).contiguous()
     m = x2.shape[0]
+    if int8 and m and w.qtype in INT8_TYPES and int8_available():
+        return gemv_int8(_lib(), x2, w).reshape(*lead, n)
     if m > MAX_ROWS:  # weight rows dequantized a slice at a time (the LM head whole would be 545 MB)
         step = max(64, _GEMM_SLICE_ELEMS // k)
         parts = [F.linear(x2, dequantize(_rows(w, r0, min(n, r0 + step)))) for r0 in range(0, n, step)]
         return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)).reshape(*lead, n)
-    if int8 and m and w.qtype in INT8_TYPES and int8_available():
-        return gemv_int8(_lib(), x2, w).reshape(*lead, n)
     y = torch.empty(m, n, dtype=torch.float32)
     if m and _lib().vs_gemv(w.qtype, w.blocks.data_ptr(), n, k, x2.data_ptr(), m, k, y.data_ptr(), n,
                             torch.get_num_threads()) != 0:
@@ -261,11 +263,10 @@ def available() -> bool:
 
 class StackedLinear:
     """A CPU QuantLinear's GGUF-block segments (stacked along N) as one kernel call each, written straight into
-    their columns of one [m, N] float32 output: what QuantLinear.forward runs for up to MAX_ROWS rows, in place of
-    linear() per segment and a concatenation (a decode step makes ~100 such calls, and each op costs
-    microseconds). The same kernels as linear(int8=...) per segment, so the same results."""
-
-    max_rows = MAX_ROWS
+    their columns of one [m, N] float32 output: what QuantLinear.forward runs for up to max_rows rows (any count
+    where every segment takes the integer dot, else MAX_ROWS), in place of linear() per segment and a
+    concatenation (a decode step makes ~100 such calls, and each op costs microseconds). The same kernels as
+    linear(int8=...) per segment, so the same results."""
 
     def __init__(self, weights: list[CPUBlocks], int8: list[bool]) -> None:
         if not weights or len(int8) != len(weights) or len({w.shape[1] for w in weights}) != 1:
@@ -277,13 +278,14 @@ class StackedLinear:
         for w, i8 in zip(weights, int8, strict=True):
             self._parts.append((w.qtype, w.blocks.data_ptr(), w.shape[0], i8 and w.qtype in INT8_TYPES, off))
             off += w.shape[0]
+        self.max_rows = 1 << 62 if all(p[3] for p in self._parts) else MAX_ROWS
         self._lib = _lib()
 
     def __call__(self, x: torch.Tensor, silu_mul: bool = False) -> torch.Tensor:
-        """x [m, K] float32, 1 <= m <= MAX_ROWS -> [m, N] float32 (silu_mul: [m, N / 2] = silu(gate) * up)."""
+        """x [m, K] float32, 1 <= m <= max_rows -> [m, N] float32 (silu_mul: [m, N / 2] = silu(gate) * up)."""
         m = x.shape[0]
-        if x.dim() != 2 or x.shape[1] != self.k or x.dtype != torch.float32 or not 1 <= m <= MAX_ROWS:
-            raise ValueError(f"StackedLinear: x must be float32 [1..{MAX_ROWS}, {self.k}], got {x.dtype} "
+        if x.dim() != 2 or x.shape[1] != self.k or x.dtype != torch.float32 or not 1 <= m <= self.max_rows:
+            raise ValueError(f"StackedLinear: x must be float32 [1..{self.max_rows}, {self.k}], got {x.dtype} "
                              f"{tuple(x.shape)}")
         x = x if x.is_contiguous() else x.contiguous()
         y = torch.empty(m, self.n, dtype=torch.float32)

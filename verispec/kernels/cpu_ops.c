@@ -90,7 +90,8 @@ int vs_rope_write_kv(const float *q, int64_t ldq, const float *k, int64_t ldk, c
 /* Paged attention, q [T, H, D] -> out [T, H, D], as attention/reference.py's: sequence b's queries are tokens
    [qsl[b], qsl[b+1]); query i of ql sits at position p = seq_len - ql + i (causal; else seq_len - 1) and sees
    the keys at positions [lo, p], lo = kv_start[b] (kv_start NULL: 0) raised to p - window + 1 where window > 0;
-   key j lives at slot tables[b][j / bs] * bs + j % bs of kv [2, num_slots, KH, D]. No visible key: zeros.
+   key j lives at slot tables[b][j / bs] * bs + j % bs of kv [2, num_slots, KH, D]. No visible key: zeros (a
+   padding query placed before a chunk, p < 0, included).
    Query head h reads K/V head h / (H / KH). Returns 0, or -1 for bad arguments (a slot out of range included). */
 int vs_paged_attention(const float *q, int64_t T, int64_t H, int64_t KH, int64_t D, const float *kv,
                        int64_t num_slots, const int32_t *qsl, const int32_t *seq_lens, int64_t B,
@@ -100,7 +101,7 @@ int vs_paged_attention(const float *q, int64_t T, int64_t H, int64_t KH, int64_t
         return -1;
     int64_t max_len = 0;
     for (int64_t b = 0; b < B; b++) {
-        if (qsl[b + 1] < qsl[b] || seq_lens[b] < qsl[b + 1] - qsl[b] || seq_lens[b] > max_blocks * bs) return -1;
+        if (qsl[b + 1] < qsl[b] || seq_lens[b] < 0 || seq_lens[b] > max_blocks * bs) return -1;
         if (seq_lens[b] > max_len) max_len = seq_lens[b];
     }
     int64_t group = H / KH, row = KH * D, tasks = T * KH;

@@ -162,7 +162,7 @@ def _cpu_segments(parts: list[Part], held: Counter) -> list[Segment]:
         run.append((raw, t, shape))
         what = "GGUF blocks (CPU kernel)"
         if t in int8_types:
-            what = f"GGUF blocks (CPU kernel, int8 x up to {cpu_gguf.MAX_ROWS} rows)"
+            what = "GGUF blocks (CPU kernel, int8 x)"
         held[f"{type_name(t)}: {what}" if kind == "gguf" else cpu_pack.describe(t)] += 1
     flush(bool(run) and kind_of(run[-1][1]) == "gguf")
     return segs

@@ -258,9 +258,10 @@ class DraftModelProposer(Proposer):
     def _forward(self, chunks: list[SeqChunk], input_ids: torch.Tensor, logits: bool = True) -> torch.Tensor | None:
         """One drafter forward over the chunks: a graph replay where a captured shape fits, else eager;
         the logits at each chunk's last token, or None (logits=False)."""
-        with_ref = self.model.attn_backend.needs_reference_indices
-        _, pos, meta = build_batch(chunks, self.block_size, self.device, token_ids=False, with_reference=with_ref,
-                                   staging=self.staging)
+        backend = self.model.attn_backend  # (it picks the step's attention path: CPUBackend's C ops for short queries)
+        _, pos, meta = build_batch(chunks, self.block_size, self.device, token_ids=False,
+                                   with_reference=backend.needs_reference_indices, staging=self.staging,
+                                   backend=backend)
         out = None
         for graphs in (self.graphs, self.catch_up_graphs):
             if graphs is not None and out is None:

@@ -50,6 +50,7 @@ def build_batch(
     with_reference: bool = True,
     token_ids: bool = True,
     staging: Staging | None = None,
+    backend=None,
 ) -> tuple[torch.Tensor | None, torch.Tensor, AttentionMetadata]:
     """Flat input ids and positions plus attention metadata (host work, one copy to device).
     token_ids=False skips the ids (the caller combines them on the device).
@@ -57,7 +58,9 @@ def build_batch(
     with_reference=False skips the padded gather indices / mask that only reference_attention
     reads (the Triton backend reads query_start_loc, seq_lens and block_tables). staging: move
     everything in that Staging's one pinned copy (the tensors are then views valid until its
-    ring comes round again), instead of a copy per tensor."""
+    ring comes round again), instead of a copy per tensor. backend: an attention backend that picks the step's
+    path itself (needs_reference_indices: its prepare_metadata builds what its forward reads, e.g. CPUBackend's
+    C ops for short queries), in place of with_reference."""
     ids: list[int] = []
     pos: list[int] = []
     slots: list[int] = []
@@ -73,11 +76,13 @@ def build_batch(
         seq_lens.append(c.start + n)
         tables.append(c.block_ids)
     max_blocks = max(len(t) for t in tables)
+    if backend is not None and backend.needs_reference_indices:  # the backend decides per step (CPUBackend)
+        extra = backend.prepare_metadata(query_lens, seq_lens, tables, block_size, device)
+    else:
+        extra = build_reference_indices(query_lens, seq_lens, tables, block_size, device) if with_reference else {}
     if staging is not None:
         return _staged_batch(staging, ids if token_ids else [], pos, slots, query_lens, seq_lens,
-                             padded_tables(tables, max_blocks), max_blocks, block_size,
-                             build_reference_indices(query_lens, seq_lens, tables, block_size, device)
-                             if with_reference else {})
+                             padded_tables(tables, max_blocks), max_blocks, block_size, extra)
     bt = torch.tensor(padded_tables(tables, max_blocks), dtype=torch.int32).view(len(chunks), max_blocks)
     qsl = torch.zeros(len(chunks) + 1, dtype=torch.int32)
     qsl[1:] = torch.tensor(query_lens, dtype=torch.int32).cumsum(0)
@@ -89,7 +94,7 @@ def build_batch(
         max_query_len=max(query_lens),
         max_seq_len=max(seq_lens),
         block_size=block_size,
-        **(build_reference_indices(query_lens, seq_lens, tables, block_size, device) if with_reference else {}),
+        **extra,
     )
     input_ids = torch.tensor(ids, dtype=torch.long).to(device, non_blocking=True) if token_ids else None
     positions = torch.tensor(pos, dtype=torch.long).to(device, non_blocking=True)
