@@ -8,8 +8,8 @@ weight to float32 in the kernel and run torch's GEMM. Any number of rows of a Q8
 may instead take the integer-dot GEMV (linear(int8=True), the loader's default, prompt chunks included): x rounded
 to int8 per 32 elements, as llama.cpp, not the reference's arithmetic, each weight block unpacked once for up to
 MAX_ROWS rows (in register-resident groups of a few), and each row's result the same bits at every row count (so a
-decode, a verify, a batch and a prompt chunk agree). At 16-128 rows it is 2.2-4.8x faster than the dequantize +
-GEMM route on a 2-core AVX-512 EPYC (BENCHMARKS "Session 30, CPU"). The library is built with
+decode, a verify, a batch and a prompt chunk agree). At 48 / 128 / 512 rows it is 2.0x / 1.6x / 1.3x faster than
+the dequantize + GEMM route on a 2-core AVX-512 EPYC (BENCHMARKS "Session 30, CPU"). The library is built with
 `cc -O3 -march=native -fopenmp` into `<cache>/kernels/` keyed by the source, the compiler and the CPU; no
 compiler, a failed build or a wrong answer on the start-up check make available() False (the caller
 keeps the int4 path). VERISPEC_CPU_GGUF=0 turns it off.
@@ -25,6 +25,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -278,7 +279,7 @@ class StackedLinear:
         for w, i8 in zip(weights, int8, strict=True):
             self._parts.append((w.qtype, w.blocks.data_ptr(), w.shape[0], i8 and w.qtype in INT8_TYPES, off))
             off += w.shape[0]
-        self.max_rows = 1 << 62 if all(p[3] for p in self._parts) else MAX_ROWS
+        self.max_rows = sys.maxsize if all(p[3] for p in self._parts) else MAX_ROWS  # (the float GEMV: MAX_ROWS)
         self._lib = _lib()
 
     def __call__(self, x: torch.Tensor, silu_mul: bool = False) -> torch.Tensor:

@@ -258,10 +258,9 @@ class DraftModelProposer(Proposer):
     def _forward(self, chunks: list[SeqChunk], input_ids: torch.Tensor, logits: bool = True) -> torch.Tensor | None:
         """One drafter forward over the chunks: a graph replay where a captured shape fits, else eager;
         the logits at each chunk's last token, or None (logits=False)."""
-        backend = self.model.attn_backend  # (it picks the step's attention path: CPUBackend's C ops for short queries)
-        _, pos, meta = build_batch(chunks, self.block_size, self.device, token_ids=False,
-                                   with_reference=backend.needs_reference_indices, staging=self.staging,
-                                   backend=backend)
+        # (the backend picks the step's attention path, as for the target's steps: CPUBackend's C kernel)
+        _, pos, meta = build_batch(chunks, self.block_size, self.device, token_ids=False, staging=self.staging,
+                                   backend=self.model.attn_backend)
         out = None
         for graphs in (self.graphs, self.catch_up_graphs):
             if graphs is not None and out is None:

@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 import torch
 
+from verispec.attention.backend import AttentionBackend
 from verispec.attention.reference import build_reference_indices
 from verispec.core.attention_metadata import AttentionMetadata
 
@@ -50,7 +51,7 @@ def build_batch(
     with_reference: bool = True,
     token_ids: bool = True,
     staging: Staging | None = None,
-    backend=None,
+    backend: AttentionBackend | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor, AttentionMetadata]:
     """Flat input ids and positions plus attention metadata (host work, one copy to device).
     token_ids=False skips the ids (the caller combines them on the device).
@@ -58,9 +59,9 @@ def build_batch(
     with_reference=False skips the padded gather indices / mask that only reference_attention
     reads (the Triton backend reads query_start_loc, seq_lens and block_tables). staging: move
     everything in that Staging's one pinned copy (the tensors are then views valid until its
-    ring comes round again), instead of a copy per tensor. backend: an attention backend that picks the step's
-    path itself (needs_reference_indices: its prepare_metadata builds what its forward reads, e.g. CPUBackend's
-    C ops for short queries), in place of with_reference."""
+    ring comes round again), instead of a copy per tensor. backend: the attention backend that will run the
+    step, in place of with_reference: its prepare_metadata builds what its forward reads where it needs reference
+    indices (CPUBackend: none for the steps its C kernel takes), nothing otherwise, as ModelRunner asks it."""
     ids: list[int] = []
     pos: list[int] = []
     slots: list[int] = []
@@ -76,8 +77,9 @@ def build_batch(
         seq_lens.append(c.start + n)
         tables.append(c.block_ids)
     max_blocks = max(len(t) for t in tables)
-    if backend is not None and backend.needs_reference_indices:  # the backend decides per step (CPUBackend)
-        extra = backend.prepare_metadata(query_lens, seq_lens, tables, block_size, device)
+    if backend is not None:
+        extra = backend.prepare_metadata(query_lens, seq_lens, tables, block_size, device) \
+            if backend.needs_reference_indices else {}
     else:
         extra = build_reference_indices(query_lens, seq_lens, tables, block_size, device) if with_reference else {}
     if staging is not None:
