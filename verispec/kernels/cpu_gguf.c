@@ -892,17 +892,25 @@ static inline __attribute__((always_inline)) void q4k_scales_mins(const uint8_t 
     memcpy(mn, o + 2, 8);
 }
 
+/* Rows of x the K-quant kernels take at once: 5 where AVX-512VL gives 32 vector registers (5 rows' accumulators
+   beside a block's eight unpacked quant vectors), else 4. */
+#if defined(__AVX512F__) && defined(__AVX512VL__)
+#define KQ_GMAX 5
+#else
+#define KQ_GMAX 4
+#endif
 /* Rows [r0, r1) of a Q4_K weight for m rows of x (x row i: xq + i * k, dx / xs + i * k / 32; y row i: y + i * n).
    Sub-block 2t takes the low nibbles of qs[32 t ..], 2t + 1 the high ones; each block's nibbles are unpacked
    once for all m rows. The eight sub-blocks' min terms are one 8-lane product per block. */
-static void idot_q4_k(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, const int8_t *xq, const float *dx,
-                      const int32_t *xs, int64_t m, int64_t n, float *y) {
+static inline __attribute__((always_inline)) void idot_q4_k_m(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb,
+                                                             const int8_t *xq, const float *dx, const int32_t *xs,
+                                                             int64_t n, float *y, const int64_t M) {
     const __m256i m4 = _mm256_set1_epi8(15);
     const int64_t k = 256 * nb;
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *wr = w + r * nb * 144;
-        __m256 acc[MAX_M], mins[MAX_M];
-        for (int64_t i = 0; i < m; i++) acc[i] = mins[i] = _mm256_setzero_ps();
+        __m256 acc[KQ_GMAX], mins[KQ_GMAX];
+        for (int64_t i = 0; i < M; i++) acc[i] = mins[i] = _mm256_setzero_ps();
         for (int64_t blk = 0; blk < nb; blk++) {
             const uint8_t *b = wr + blk * 144, *qs = b + 16;
             _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);
@@ -921,7 +929,7 @@ static void idot_q4_k(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, cons
                 q[2 * t] = _mm256_and_si256(v, m4);
                 q[2 * t + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
             }
-            for (int64_t i = 0; i < m; i++) {
+            for (int64_t i = 0; i < M; i++) {
                 const int8_t *xb = xq + i * k + 256 * blk;
                 __m256 db = _mm256_loadu_ps(dx + i * (k / 32) + 8 * blk);
                 __m256 sd = _mm256_mul_ps(ds, db);
@@ -937,21 +945,41 @@ static void idot_q4_k(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, cons
                 acc[i] = a;
             }
         }
-        for (int64_t i = 0; i < m; i++) y[i * n + r] = hsum8(_mm256_sub_ps(acc[i], mins[i]));
+        for (int64_t i = 0; i < M; i++) y[i * n + r] = hsum8(_mm256_sub_ps(acc[i], mins[i]));
+    }
+}
+
+static void idot_q4_k(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, const int8_t *xq, const float *dx,
+                      const int32_t *xs, int64_t m, int64_t n, float *y) {
+    const int64_t k = 256 * nb;
+    for (int64_t i0 = 0; i0 < m;) {
+        const int64_t g = row_group(m - i0, KQ_GMAX);
+        const int8_t *x0 = xq + i0 * k;
+        const float *d0 = dx + i0 * (k / 32);
+        const int32_t *s0 = xs + i0 * (k / 32);
+        switch (g) {
+        case 1: idot_q4_k_m(w, r0, r1, nb, x0, d0, s0, n, y + i0 * n, 1); break;
+        case 2: idot_q4_k_m(w, r0, r1, nb, x0, d0, s0, n, y + i0 * n, 2); break;
+        case 3: idot_q4_k_m(w, r0, r1, nb, x0, d0, s0, n, y + i0 * n, 3); break;
+        case 4: idot_q4_k_m(w, r0, r1, nb, x0, d0, s0, n, y + i0 * n, 4); break;
+        default: idot_q4_k_m(w, r0, r1, nb, x0, d0, s0, n, y + i0 * n, KQ_GMAX); break;
+        }
+        i0 += g;
     }
 }
 
 /* Rows [r0, r1) of a Q6_K weight for m rows of x (layout as idot_q4_k). Element 32 g + e of a half takes
    ql[32 (g & 1) + e] (low nibble for g < 2, high for g >= 2) and bits 2g of qh[e]; q = that 6-bit value - 32;
    elements e < 16 take scale sc[2g] of the half, the rest sc[2g + 1]. */
-static void idot_q6_k(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, const int8_t *xq, const float *dx,
-                      int64_t m, int64_t n, float *y) {
+static inline __attribute__((always_inline)) void idot_q6_k_m(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb,
+                                                             const int8_t *xq, const float *dx, int64_t n, float *y,
+                                                             const int64_t M) {
     const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3), s32 = _mm256_set1_epi8(32);
     const int64_t k = 256 * nb;
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *wr = w + r * nb * 210;
-        __m256 acc[MAX_M];
-        for (int64_t i = 0; i < m; i++) acc[i] = _mm256_setzero_ps();
+        __m256 acc[KQ_GMAX];
+        for (int64_t i = 0; i < M; i++) acc[i] = _mm256_setzero_ps();
         for (int64_t blk = 0; blk < nb; blk++) {
             const uint8_t *b = wr + blk * 210;
             for (int p = 0; p < 256; p += 64) _mm_prefetch((const char *)b + PREFETCH + p, _MM_HINT_T0);
@@ -972,7 +1000,7 @@ static void idot_q6_k(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, cons
                     scl[4 * half + g] = _mm256_set_m128i(_mm_set1_epi16(sc[s + 1]), _mm_set1_epi16(sc[s]));
                 }
             }
-            for (int64_t i = 0; i < m; i++) {
+            for (int64_t i = 0; i < M; i++) {
                 const int8_t *xb = xq + i * k + 256 * blk;
                 const float *db = dx + i * (k / 32) + 8 * blk;
                 __m256 a = acc[i];
@@ -983,7 +1011,25 @@ static void idot_q6_k(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, cons
                 acc[i] = a;
             }
         }
-        for (int64_t i = 0; i < m; i++) y[i * n + r] = hsum8(acc[i]);
+        for (int64_t i = 0; i < M; i++) y[i * n + r] = hsum8(acc[i]);
+    }
+}
+
+static void idot_q6_k(const uint8_t *w, int64_t r0, int64_t r1, int64_t nb, const int8_t *xq, const float *dx,
+                      int64_t m, int64_t n, float *y) {
+    const int64_t k = 256 * nb;
+    for (int64_t i0 = 0; i0 < m;) {
+        const int64_t g = row_group(m - i0, KQ_GMAX);
+        const int8_t *x0 = xq + i0 * k;
+        const float *d0 = dx + i0 * (k / 32);
+        switch (g) {
+        case 1: idot_q6_k_m(w, r0, r1, nb, x0, d0, n, y + i0 * n, 1); break;
+        case 2: idot_q6_k_m(w, r0, r1, nb, x0, d0, n, y + i0 * n, 2); break;
+        case 3: idot_q6_k_m(w, r0, r1, nb, x0, d0, n, y + i0 * n, 3); break;
+        case 4: idot_q6_k_m(w, r0, r1, nb, x0, d0, n, y + i0 * n, 4); break;
+        default: idot_q6_k_m(w, r0, r1, nb, x0, d0, n, y + i0 * n, KQ_GMAX); break;
+        }
+        i0 += g;
     }
 }
 #endif
