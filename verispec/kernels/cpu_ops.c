@@ -133,8 +133,13 @@ int vs_paged_attention(const float *q, int64_t T, int64_t H, int64_t KH, int64_t
             if (lo > p) continue;
             const int32_t *tab = tables + b * max_blocks;
             for (int64_t g = 0; g < group; g++) mx[g] = -INFINITY;
+            int64_t blk = lo / bs, off = lo % bs, base = (int64_t)tab[blk] * bs; /* (no division per key) */
             for (int64_t j = lo; j <= p; j++) {
-                int64_t slot = (int64_t)tab[j / bs] * bs + j % bs;
+                if (off == bs) {
+                    off = 0;
+                    base = (int64_t)tab[++blk] * bs;
+                }
+                int64_t slot = base + off++;
                 if (slot < 0 || slot >= num_slots) { bad = 1; slot = 0; }
                 sl[j - lo] = slot;
                 const float *kj = kv + slot * row + kh * D;
