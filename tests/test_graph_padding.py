@@ -402,3 +402,56 @@ def test_private_rows_are_one_copy_of_the_captured_rows():
     assert joined is not None and joined.shape == (5, 30) and torch.equal(joined, torch.cat(want, dim=-1))
     assert _joined(want) is None and _joined(rows[1:]) is None  # separate copies; not starting at column 0
     assert len(private_rows(static[:1], 3)) == 1 and private_rows(static[:1], 3)[0].shape == (3, 6)
+
+
+def test_admission_steps_on_the_real_05b_replay_split_as_eager(llm05, monkeypatch):
+    """The real 0.5B (float32, the plain-torch attention with the Triton kernel's contract): requests admitted
+    beside running ngram verify rows (3 seats, 4 prompts of 7-22 tokens, at most 24 tokens a step) replay as two
+    graphs, the decode / verify rows then the prompt chunks, wherever one prefill graph would pad the rows to a
+    chunk's length (SPLIT_COST_TOKENS 0): the same tokens and acceptance counters as the engine without graphs.
+    With the rule before session 30 (one padded graph whenever one fits) no step splits here."""
+    from test_real_model_spec import CODE_PROMPTS
+
+    import verispec.worker.batch as batch
+    from verispec import SamplingParams
+
+    model, tok = llm05.engine.parts.model, llm05.tokenizer
+    monkeypatch.setattr(batch, "SPLIT_COST_TOKENS", 0)
+    monkeypatch.setattr(model, "attn_backend", MetadataBackend())  # (restored after the test)
+    prompts = [tok.encode(p) for p in CODE_PROMPTS]
+    assert sorted(len(p) for p in prompts)[-1] > 16  # a chunk longer than a verify row, shorter than the budget
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "adaptive": False}
+
+    def make(graphs: bool):
+        eng = tiny_engine(model, spec=spec, max_num_seqs=3, num_gpu_blocks=40, block_size=16,
+                          max_num_batched_tokens=24, max_model_len=256, async_scheduling=False)
+        if graphs:
+            r, c = eng.runner, model.config
+            r.kv_caches = allocate_kv_cache(c.num_layers, 41 * 16 // r.block_size, r.block_size, c.num_kv_heads,
+                                            c.head_dim, torch.float32, "cpu")
+            r.graphs = CudaGraphRunner(model, r.kv_caches, max_batch=4, query_lens=(1, 4), block_size=r.block_size,
+                                       max_blocks_per_seq=16, capture=False, faults=eng.faults,
+                                       capture_layers=r.capture_layers, prefill_lens=(8, 16, 32),
+                                       prefill_max_tokens=128)
+        return eng
+
+    def run(eng):
+        for i, p in enumerate(prompts):
+            eng.add_request(f"r{i}", None, params, p)
+        done = {}
+        while eng.has_unfinished_requests():
+            for out in eng.step():
+                if out.finished:
+                    done[out.request_id] = out.outputs[0].token_ids
+        return [done[f"r{i}"] for i in range(len(prompts))], eng.get_metrics()
+
+    eager, eager_m = run(make(False))
+    eng = make(True)
+    split, split_m = run(eng)
+    assert split == eager
+    keys = ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
+            "spec_decode_num_accepted_tokens_per_pos")
+    assert {k: split_m[k] for k in keys} == {k: eager_m[k] for k in keys}
+    assert eager_m["spec_decode_num_drafts"] > 0
+    assert eng.runner.split_steps >= 1 and eng.runner.graph_steps > eng.runner.split_steps
