@@ -1,6 +1,8 @@
 """The integer-dot GEMV of one CPU decode / verify step of the 0.5B at m rows: its layers' weights by type and the
 LM head, ms (median of --reps runs of the whole set), and each m's time over m = 1's: what a verify row costs
-beside a decode row. PYTHONPATH=$PWD python3 scripts/cpu_gemv_rows.py [--rows 1,2,3,5] [--reps 7]"""
+beside a decode row. --gemm also times every layer at m rows through the dequantize + torch GEMM route (what prompt
+chunks took before session 30) against the integer dot over the same rows, all layers summed.
+PYTHONPATH=$PWD python3 scripts/cpu_gemv_rows.py [--rows 1,2,3,5] [--reps 7] [--gemm]"""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ def main() -> None:
     ap.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
     ap.add_argument("--rows", default="1,2,3,5")
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--gemm", action="store_true", help="also the dequantize + GEMM route, all layers summed")
     args = ap.parse_args()
     _, _, model = load_model(args.model, torch.device("cpu"), torch.float32, progress=False, quantization="gguf")
     lib = cpu_gguf._lib()
@@ -48,6 +51,18 @@ def main() -> None:
             base.setdefault(kind, ms)
             row.append(f"{kind} {ms:.2f} ({ms / base[kind]:.2f}x)")
         print(f"m={m}: " + ", ".join(row), flush=True)
+        if args.gemm:
+            ws = [w for group in by_type.values() for w in group]
+            xs = {w.shape[1]: torch.randn(m, w.shape[1]) for w in ws}
+            for name, fn in (("dequantize + GEMM", lambda w, xs=xs: cpu_gguf.linear(xs[w.shape[1]], w)),
+                             ("integer dot", lambda w, xs=xs: cpu_gguf.gemv_int8(lib, xs[w.shape[1]], w))):
+                times = []
+                for _ in range(args.reps):
+                    t0 = time.perf_counter()
+                    for w in ws:
+                        fn(w)
+                    times.append(time.perf_counter() - t0)
+                print(f"  m={m} all layers, {name}: {1e3 * statistics.median(times):.1f} ms", flush=True)
 
 
 if __name__ == "__main__":

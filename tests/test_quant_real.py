@@ -60,8 +60,8 @@ def test_logits_match_the_float32_reference_at_bf16_level(llm05, llm_q):
         rel = (lq - lr).norm(dim=-1) / lr.norm(dim=-1)
         # "bf16 level": the bf16 dequantized path's own error, 0.004-0.03 at a typical position and 0.233 at the
         # chat prompt's <|im_end|>. Prompt chunks take the integer dot since session 30 (x rounded to int8 per 32,
-        # as decode rows and llama.cpp do): measured median 0.011-0.013, worst 0.17 at that <|im_end|> (with the
-        # float32 GEMM for chunks before: median 0.004-0.005, worst 0.057).
+        # as decode rows and llama.cpp do): this rel measured median 0.011-0.013, worst 0.17 at that <|im_end|>
+        # (with the float32 GEMM for chunks before: median 0.004-0.005, worst 0.057).
         assert float(rel.median()) < 0.03 and float(rel.max()) < 0.233, (text[:20], rel)
         a, b = lr.argmax(-1), lq.argmax(-1)
         agree.append(a == b)

@@ -8,7 +8,7 @@ weight to float32 in the kernel and run torch's GEMM. Any number of rows of a Q8
 may instead take the integer-dot GEMV (linear(int8=True), the loader's default, prompt chunks included): x rounded
 to int8 per 32 elements, as llama.cpp, not the reference's arithmetic, each weight block unpacked once for up to
 MAX_ROWS rows (in register-resident groups of a few), and each row's result the same bits at every row count (so a
-decode, a verify, a batch and a prompt chunk agree). At 48 / 128 / 512 rows it is 2.0x / 1.6x / 1.3x faster than
+decode, a verify, a batch and a prompt chunk agree). At 48 / 128 / 512 rows it is 1.9x / 1.3x / 1.35x faster than
 the dequantize + GEMM route on a 2-core AVX-512 EPYC (BENCHMARKS "Session 30, CPU"). The library is built with
 `cc -O3 -march=native -fopenmp` into `<cache>/kernels/` keyed by the source, the compiler and the CPU; no
 compiler, a failed build or a wrong answer on the start-up check make available() False (the caller

@@ -16,9 +16,8 @@ from verispec.kernels import cpu_gguf
 # Steps whose longest query is longer keep torch's attention (SDPA). None: every step takes the C kernel, prompt
 # chunks included, so that a query's result never depends on the chunk it is computed in (prefill chunking, a
 # drafter's catch-up, a preempted request's recompute and a prefix hit all give the same bits; the quantized CPU
-# path's self-drafting then accepts every draft by construction). Session 30 (0.5B, 2-core AVX-512 EPYC,
-# /tmp/prefill_attn.py in BENCHMARKS "Session 30, CPU"): a 64-token prompt 0.21 s against SDPA's 0.24, 512 tokens
-# 1.80-1.97 s against 1.70, 1,500 tokens 5.1-5.2 s against 4.35-4.64.
+# path's self-drafting then accepts every draft by construction), at 0-25% more prefill time than SDPA on 64-1,500
+# token prompts (scripts/cpu_prefill_attention.py, BENCHMARKS "Session 30, CPU").
 MAX_QUERY_LEN: int | None = None
 
 
