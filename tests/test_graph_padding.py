@@ -30,17 +30,24 @@ def build(graphs: bool, prefill_lens: tuple[int, ...] = (), prefill_max_tokens: 
         model.attn_backend = MetadataBackend()
         eng = tiny_engine(model, spec=spec, async_scheduling=async_scheduling, max_num_seqs=8, **STRESS)
         if graphs:
-            r, c = eng.runner, model.config
-            num_blocks = r.kv_caches[0].shape[1] // r.block_size
-            r.kv_caches = allocate_kv_cache(c.num_layers, num_blocks + 1, r.block_size, c.num_kv_heads, c.head_dim,
-                                            torch.float32, "cpu")
-            r.graphs = CudaGraphRunner(model, r.kv_caches, max_batch=8, query_lens=(1, 1 + K), block_size=r.block_size,
-                                       max_blocks_per_seq=-(-eng.max_model_len // r.block_size), capture=False,
-                                       faults=eng.faults, capture_layers=r.capture_layers, prefill_lens=prefill_lens,
-                                       prefill_max_tokens=prefill_max_tokens)
+            attach_graphs(eng, 8, prefill_lens, prefill_max_tokens)
         return eng
 
     return make
+
+
+def attach_graphs(eng, max_batch: int, prefill_lens: tuple[int, ...] = (), prefill_max_tokens: int = 0) -> None:
+    """Give eng's runner an eager (capture=False) CudaGraphRunner at decode / verify query lengths 1 and 1 + K
+    (and prefill shapes), whose scratch block is one extra cache block the BlockManager does not know about."""
+    r, model = eng.runner, eng.runner.model
+    c = model.config
+    num_blocks = r.kv_caches[0].shape[1] // r.block_size
+    r.kv_caches = allocate_kv_cache(c.num_layers, num_blocks + 1, r.block_size, c.num_kv_heads, c.head_dim,
+                                    torch.float32, "cpu")
+    r.graphs = CudaGraphRunner(model, r.kv_caches, max_batch=max_batch, query_lens=(1, 1 + K), block_size=r.block_size,
+                               max_blocks_per_seq=-(-eng.max_model_len // r.block_size), capture=False,
+                               faults=eng.faults, capture_layers=r.capture_layers, prefill_lens=prefill_lens,
+                               prefill_max_tokens=prefill_max_tokens)
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
@@ -421,19 +428,13 @@ def test_admission_steps_on_the_real_05b_replay_split_as_eager(llm05, monkeypatc
     prompts = [tok.encode(p) for p in CODE_PROMPTS]
     assert sorted(len(p) for p in prompts)[-1] > 16  # a chunk longer than a verify row, shorter than the budget
     params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
-    spec = {"method": "ngram", "num_speculative_tokens": 3, "adaptive": False}
+    spec = {"method": "ngram", "num_speculative_tokens": K, "adaptive": False}
 
     def make(graphs: bool):
         eng = tiny_engine(model, spec=spec, max_num_seqs=3, num_gpu_blocks=40, block_size=16,
                           max_num_batched_tokens=24, max_model_len=256, async_scheduling=False)
         if graphs:
-            r, c = eng.runner, model.config
-            r.kv_caches = allocate_kv_cache(c.num_layers, 41 * 16 // r.block_size, r.block_size, c.num_kv_heads,
-                                            c.head_dim, torch.float32, "cpu")
-            r.graphs = CudaGraphRunner(model, r.kv_caches, max_batch=4, query_lens=(1, 4), block_size=r.block_size,
-                                       max_blocks_per_seq=16, capture=False, faults=eng.faults,
-                                       capture_layers=r.capture_layers, prefill_lens=(8, 16, 32),
-                                       prefill_max_tokens=128)
+            attach_graphs(eng, 4, (8, 16, 32), 128)
         return eng
 
     def run(eng):
